@@ -1,0 +1,71 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Querier is the part of a pgx transaction that Claim uses; pgx.Tx
+// satisfies it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Claim inserts a processed_events row for every key in one round trip and
+// reports, index by index, which keys this statement claimed. Keys are
+// inserted in (event_id, handler) order, so concurrent transactions take row
+// locks in one order and do not deadlock one another.
+//
+// A key that appears several times in keys is claimed at most once, at its
+// first index. A key already present (committed by another transaction, or
+// inserted by a concurrent one that then commits) is not claimed: the
+// statement waits for the concurrent transaction like any unique-index
+// insert. table must be a sanitized, schema-qualified identifier. traceID
+// may be empty, and is then stored as NULL.
+//
+// Claim must run inside the transaction that does the business writes for
+// the claimed keys: the claim is only true if that transaction commits.
+func Claim(ctx context.Context, q Querier, table, bus, traceID string, keys []Key) ([]bool, error) {
+	claimed := make([]bool, len(keys))
+	if len(keys) == 0 {
+		return claimed, nil
+	}
+	ids := make([]uuid.UUID, len(keys))
+	handlers := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.EventID
+		handlers[i] = k.Handler
+	}
+	var trace *string
+	if traceID != "" {
+		trace = &traceID
+	}
+	rows, err := q.Query(ctx, `INSERT INTO `+table+` (event_id, handler, bus, trace_id)
+SELECT k.event_id, k.handler, $3, $4
+FROM unnest($1::uuid[], $2::text[]) AS k(event_id, handler)
+ORDER BY k.event_id, k.handler
+ON CONFLICT (event_id, handler) DO NOTHING
+RETURNING event_id, handler`, ids, handlers, bus, trace)
+	if err != nil {
+		return nil, fmt.Errorf("claim events: %w", err)
+	}
+	won := make(map[Key]struct{}, len(keys))
+	var k Key
+	_, err = pgx.ForEachRow(rows, []any{&k.EventID, &k.Handler}, func() error {
+		won[k] = struct{}{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim events: %w", err)
+	}
+	for i, k := range keys {
+		if _, ok := won[k]; ok {
+			claimed[i] = true
+			delete(won, k) // later copies of the same key are duplicates
+		}
+	}
+	return claimed, nil
+}

@@ -1,0 +1,77 @@
+package sink
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Event is one decoded record: an event id and its JSON payload, with where
+// it came from.
+type Event struct {
+	ID        uuid.UUID
+	Value     []byte // JSON, already validated by the decoder
+	Topic     string
+	Partition int32
+	Offset    int64
+	Timestamp time.Time
+	// Producer is the span context the producer injected into the record's
+	// headers, if any. The batch span links to it.
+	Producer trace.SpanContext
+}
+
+// DeadLetter is a record that could not be decoded or applied.
+type DeadLetter struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	EventID   uuid.NullUUID // set when the id itself was readable
+	Reason    string
+	Key       []byte
+	Value     []byte
+}
+
+// Batch is a contiguous run of records of one partition, written in one
+// transaction.
+type Batch struct {
+	Topic     string
+	Partition int32
+	// Fence is the next offset the worker last read from, or wrote to,
+	// sink_offsets for this partition (-1 when no row existed). The batch
+	// commits only if the row still holds it.
+	Fence int64
+	// NextOffset is the offset after the batch's last record: the value
+	// stored in sink_offsets by the batch.
+	NextOffset  int64
+	Events      []Event
+	DeadLetters []DeadLetter
+}
+
+// Result counts what one Write did. Keys are (event, handler) pairs.
+type Result struct {
+	Applied         int // keys claimed and applied by their handler
+	SkippedLRU      int // keys dropped by the cache without a round trip
+	SkippedPostgres int // keys whose processed_events row already existed (or repeated in the batch)
+	DeadLetters     int // records written to dead_letters (decode failures and rejections)
+	Rejected        int // events a handler rejected, included in DeadLetters
+	Attempts        int // transactions begun: 1 + one per rejection retry
+}
+
+// Handler applies the business effects of a batch of events inside the
+// batch's transaction. Apply receives only the events this handler newly
+// claimed, in offset order, each event at most once; it must write in bulk
+// (COPY, unnest arrays, pgx.Batch) rather than one statement per event.
+//
+// Apply must not commit or roll back tx. An error aborts the whole batch;
+// an error wrapping *RejectError drops that event into dead letters and the
+// batch is retried without it. Handlers are called sequentially, never
+// concurrently with themselves.
+type Handler interface {
+	// Name is the handler's stable identity: the handler column of
+	// processed_events. Renaming a handler makes every event new to it.
+	Name() string
+	Apply(ctx context.Context, tx pgx.Tx, events []Event) error
+}

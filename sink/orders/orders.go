@@ -1,0 +1,195 @@
+package orders
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"slices"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/sink"
+)
+
+// The handler names, as in the seed; they are the processed_events.handler values.
+const (
+	Email       = "emailHandler"
+	Inventory   = "inventoryHandler"
+	Analytics   = "analyticsHandler"
+	Recommender = "recommenderHandler"
+)
+
+// Names lists the four handlers in the order they run.
+var Names = []string{Email, Inventory, Analytics, Recommender}
+
+// Order is the seed's order event.
+type Order struct {
+	UserID int64    `json:"user_id"`
+	Items  []string `json:"items"`
+}
+
+// Parse decodes and validates an order payload. The error names the problem.
+func Parse(value []byte) (Order, error) {
+	var o Order
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		return o, fmt.Errorf("not an order: %w", err)
+	}
+	if o.UserID <= 0 {
+		return o, fmt.Errorf("not an order: user_id must be a positive integer, got %d", o.UserID)
+	}
+	if len(o.Items) == 0 {
+		return o, fmt.Errorf("not an order: items is empty")
+	}
+	for i, it := range o.Items {
+		if it == "" {
+			return o, fmt.Errorf("not an order: items[%d] is empty", i)
+		}
+	}
+	return o, nil
+}
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Migrate creates the demo business tables in schema.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	return sink.ApplyMigrations(ctx, pool, schema, "orders", sub)
+}
+
+// Handlers returns the handlers named in names (all four when names is
+// empty), writing to tables in schema. An unknown name is an error.
+func Handlers(schema string, names ...string) ([]sink.Handler, error) {
+	if len(names) == 0 {
+		names = Names
+	}
+	t := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	all := map[string]sink.Handler{
+		Email:       &handler{name: Email, table: t("emails_sent"), apply: applyEmail},
+		Inventory:   &handler{name: Inventory, table: t("inventory_reserved"), apply: applyInventory},
+		Analytics:   &handler{name: Analytics, table: t("analytics_counters"), apply: applyAnalytics},
+		Recommender: &handler{name: Recommender, table: t("recommender_weights"), apply: applyRecommender},
+	}
+	out := make([]sink.Handler, 0, len(names))
+	for _, n := range names {
+		h, ok := all[n]
+		if !ok {
+			return nil, fmt.Errorf("unknown handler %q (known: %v)", n, Names)
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// handler parses the batch's orders once and hands them to its apply.
+type handler struct {
+	name  string
+	table string
+	apply func(ctx context.Context, tx pgx.Tx, table string, events []sink.Event, orders []Order) error
+}
+
+func (h *handler) Name() string { return h.name }
+
+func (h *handler) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	orders := make([]Order, len(events))
+	for i, e := range events {
+		o, err := Parse(e.Value)
+		if err != nil {
+			return &sink.RejectError{EventID: e.ID, Reason: err.Error()}
+		}
+		orders[i] = o
+	}
+	return h.apply(ctx, tx, h.table, events, orders)
+}
+
+func applyEmail(ctx context.Context, tx pgx.Tx, table string, events []sink.Event, orders []Order) error {
+	ids := make([]uuid.UUID, len(events))
+	users := make([]int64, len(events))
+	subjects := make([]string, len(events))
+	for i, e := range events {
+		ids[i], users[i] = e.ID, orders[i].UserID
+		subjects[i] = fmt.Sprintf("Order confirmation: %d item(s)", len(orders[i].Items))
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, user_id, subject)
+SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[])`, ids, users, subjects)
+	return err
+}
+
+func applyInventory(ctx context.Context, tx pgx.Tx, table string, _ []sink.Event, orders []Order) error {
+	qty := map[string]int64{}
+	for _, o := range orders {
+		for _, it := range o.Items {
+			qty[it]++
+		}
+	}
+	items := sortedKeys(qty, func(a, b string) int { return cmp.Compare(a, b) })
+	counts := make([]int64, len(items))
+	for i, it := range items {
+		counts[i] = qty[it]
+	}
+	// Rows are upserted in item order so concurrent batches lock them in one
+	// order.
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` AS t (item, reserved)
+SELECT * FROM unnest($1::text[], $2::bigint[])
+ON CONFLICT (item) DO UPDATE SET reserved = t.reserved + EXCLUDED.reserved`, items, counts)
+	return err
+}
+
+func applyAnalytics(ctx context.Context, tx pgx.Tx, table string, events []sink.Event, orders []Order) error {
+	var items int64
+	for _, o := range orders {
+		items += int64(len(o.Items))
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` AS t (name, shard, value)
+VALUES ('items', $1, $3), ('orders', $1, $2)
+ON CONFLICT (name, shard) DO UPDATE SET value = t.value + EXCLUDED.value`,
+		events[0].Partition, int64(len(orders)), items)
+	return err
+}
+
+type userItem struct {
+	user int64
+	item string
+}
+
+func applyRecommender(ctx context.Context, tx pgx.Tx, table string, _ []sink.Event, orders []Order) error {
+	weights := map[userItem]int64{}
+	for _, o := range orders {
+		for _, it := range o.Items {
+			weights[userItem{o.UserID, it}]++
+		}
+	}
+	keys := sortedKeys(weights, func(a, b userItem) int {
+		return cmp.Or(cmp.Compare(a.user, b.user), cmp.Compare(a.item, b.item))
+	})
+	users := make([]int64, len(keys))
+	items := make([]string, len(keys))
+	ws := make([]int64, len(keys))
+	for i, k := range keys {
+		users[i], items[i], ws[i] = k.user, k.item, weights[k]
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+table+` AS t (user_id, item, weight)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[])
+ON CONFLICT (user_id, item) DO UPDATE SET weight = t.weight + EXCLUDED.weight`, users, items, ws)
+	return err
+}
+
+func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, cmp)
+	return keys
+}

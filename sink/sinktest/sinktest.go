@@ -1,0 +1,97 @@
+// Package sinktest gives tests a real Postgres: a pool and a fresh schema
+// per test, migrated for sink and the demo handlers, dropped at cleanup.
+//
+// The database is named by ONCEFLOW_TEST_POSTGRES_DSN. When it is unset the
+// test is skipped — unless CI is set, where a missing database fails the
+// test, so a CI run can never pass by skipping.
+package sinktest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/orders"
+)
+
+// EnvDSN is the environment variable holding the test database's DSN.
+const EnvDSN = "ONCEFLOW_TEST_POSTGRES_DSN"
+
+// DSN returns the test database's DSN, skipping the test when there is none
+// (failing it when CI is set).
+func DSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv(EnvDSN)
+	if dsn == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set and CI is: the integration tests need Postgres (run infra/postgres.sh)", EnvDSN)
+		}
+		t.Skipf("%s not set: skipping a test that needs Postgres", EnvDSN)
+	}
+	return dsn
+}
+
+// Pool returns a pool on the test database, closed at cleanup. It fails the
+// test if Postgres does not answer.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, DSN(t))
+	if err != nil {
+		t.Fatalf("connect to test Postgres: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		t.Fatalf("ping test Postgres: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Schema creates a uniquely named schema with sink's and the demo handlers'
+// tables, and drops it at cleanup unless the test failed and
+// ONCEFLOW_TEST_KEEP_SCHEMA is set (to inspect it).
+func Schema(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "test_" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sink.Migrate(ctx, pool, schema); err != nil {
+		t.Fatalf("migrate sink: %v", err)
+	}
+	if err := orders.Migrate(ctx, pool, schema); err != nil {
+		t.Fatalf("migrate orders: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() && os.Getenv("ONCEFLOW_TEST_KEEP_SCHEMA") != "" {
+			t.Logf("kept schema %s", schema)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}
+
+// Count returns the result of a SELECT count(*) (or any single bigint) query.
+func Count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}

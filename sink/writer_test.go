@@ -1,0 +1,271 @@
+package sink_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+func newWriter(t *testing.T, pool *pgxpool.Pool, schema string, cache *dedup.Cache, extra ...sink.Handler) *sink.Writer {
+	t.Helper()
+	hs, err := orders.Handlers(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: append(hs, extra...), Cache: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func order(user int64, items ...string) []byte {
+	b, _ := json.Marshal(orders.Order{UserID: user, Items: items})
+	return b
+}
+
+// events builds events with consecutive offsets starting at first.
+func events(first int64, ids []uuid.UUID, values [][]byte) []sink.Event {
+	out := make([]sink.Event, len(ids))
+	for i := range ids {
+		out[i] = sink.Event{ID: ids[i], Value: values[i], Topic: "orders", Partition: 0, Offset: first + int64(i)}
+	}
+	return out
+}
+
+func TestWriteMixedBatch(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	cache, _ := dedup.New(1000)
+	w := newWriter(t, pool, schema, cache)
+	ctx := t.Context()
+
+	a, b, c, d, poison := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	want := map[uuid.UUID]orders.Order{
+		a: {UserID: 1, Items: []string{"A"}},
+		b: {UserID: 2, Items: []string{"A", "B"}},
+		c: {UserID: 3, Items: []string{"C"}},
+		d: {UserID: 1, Items: []string{"B", "B"}},
+	}
+	val := func(id uuid.UUID) []byte { o := want[id]; return order(o.UserID, o.Items...) }
+
+	// Batch 1: a and b, new.
+	b1 := &sink.Batch{Topic: "orders", Partition: 0, Fence: -1, NextOffset: 2,
+		Events: events(0, []uuid.UUID{a, b}, [][]byte{val(a), val(b)})}
+	res, err := w.Write(ctx, b1)
+	if err != nil {
+		t.Fatalf("batch 1: %v", err)
+	}
+	if res.Applied != 8 {
+		t.Errorf("batch 1 applied %d keys, want 8", res.Applied)
+	}
+
+	// Batch 2: a again (known to the cache), b again but with a cold cache
+	// on another writer below, c twice inside the batch, d new, and an
+	// event whose payload is not an order.
+	b2 := &sink.Batch{Topic: "orders", Partition: 0, Fence: 2, NextOffset: 7,
+		Events: events(2, []uuid.UUID{a, c, c, d, poison},
+			[][]byte{val(a), val(c), val(c), val(d), []byte(`{"user_id":"x"}`)})}
+	res, err = w.Write(ctx, b2)
+	if err != nil {
+		t.Fatalf("batch 2: %v", err)
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want int
+	}{
+		{"applied", res.Applied, 8},           // c and d, four handlers each
+		{"skipped by lru", res.SkippedLRU, 4}, // a
+		{"skipped by postgres", res.SkippedPostgres, 4},
+		{"rejected", res.Rejected, 1},
+		{"dead letters", res.DeadLetters, 1},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("batch 2 %s = %d, want %d", tc.name, tc.got, tc.want)
+		}
+	}
+
+	// Batch 3, through a writer with no cache: b replayed must be stopped
+	// by Postgres alone.
+	cold := newWriter(t, pool, schema, nil)
+	b3 := &sink.Batch{Topic: "orders", Partition: 0, Fence: 7, NextOffset: 8,
+		Events: events(7, []uuid.UUID{b}, [][]byte{val(b)})}
+	res, err = cold.Write(ctx, b3)
+	if err != nil {
+		t.Fatalf("batch 3: %v", err)
+	}
+	if res.Applied != 0 || res.SkippedPostgres != 4 {
+		t.Errorf("batch 3 replay: applied %d, skipped by postgres %d; want 0 and 4", res.Applied, res.SkippedPostgres)
+	}
+
+	rep, err := orders.Check(ctx, pool, schema, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1 AND reason LIKE 'rejected: not an order%'`, poison); n != 1 {
+		t.Errorf("dead letters for the poison event = %d, want 1", n)
+	}
+	if n := sinktest.Count(t, pool, `SELECT next_offset FROM `+schema+`.sink_offsets WHERE consumer_group = 'g' AND topic = 'orders' AND partition = 0`); n != 8 {
+		t.Errorf("stored next offset = %d, want 8", n)
+	}
+}
+
+func TestWriteFencesZombie(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	owner := newWriter(t, pool, schema, nil)
+	zombie := newWriter(t, pool, schema, nil)
+
+	x, y := uuid.New(), uuid.New()
+	if _, err := owner.Write(ctx, &sink.Batch{Topic: "orders", Fence: -1, NextOffset: 1,
+		Events: events(0, []uuid.UUID{x}, [][]byte{order(1, "A")})}); err != nil {
+		t.Fatal(err)
+	}
+	// Both read stored offset 1. The new owner writes [1,3) first.
+	if _, err := owner.Write(ctx, &sink.Batch{Topic: "orders", Fence: 1, NextOffset: 3,
+		Events: events(1, []uuid.UUID{y, x}, [][]byte{order(2, "B"), order(1, "A")})}); err != nil {
+		t.Fatal(err)
+	}
+	// The zombie, resumed, writes the same range from its stale fence. It
+	// carries a new event too: it must not be applied either.
+	z := uuid.New()
+	_, err := zombie.Write(ctx, &sink.Batch{Topic: "orders", Fence: 1, NextOffset: 3,
+		Events: events(1, []uuid.UUID{y, z}, [][]byte{order(2, "B"), order(9, "Z")})})
+	var fenced *sink.FencedError
+	if !errors.As(err, &fenced) || !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("zombie write: err = %v, want a *FencedError", err)
+	}
+	if fenced.Fence != 1 || fenced.Partition != 0 {
+		t.Errorf("fenced error = %+v, want fence 1 partition 0", fenced)
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.processed_events WHERE event_id = $1`, z); n != 0 {
+		t.Errorf("zombie's new event has %d processed rows, want 0 (its transaction must roll back)", n)
+	}
+	rep, err := orders.Check(ctx, pool, schema, map[uuid.UUID]orders.Order{
+		x: {UserID: 1, Items: []string{"A"}}, y: {UserID: 2, Items: []string{"B"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+}
+
+// commitBomb is a handler whose write makes the transaction's COMMIT fail
+// while armed: it inserts into a table guarded by a deferred constraint
+// trigger, which runs at COMMIT, after every handler has run.
+type commitBomb struct{ table string }
+
+func (commitBomb) Name() string { return "commitBomb" }
+
+func (h commitBomb) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+h.table+` (n) VALUES ($1)`, len(events))
+	return err
+}
+
+func armCommitBomb(t *testing.T, pool *pgxpool.Pool, schema string) commitBomb {
+	t.Helper()
+	ctx := t.Context()
+	table := schema + ".commit_bomb"
+	for _, sql := range []string{
+		`CREATE TABLE ` + table + ` (n int)`,
+		`CREATE TABLE ` + schema + `.commit_bomb_armed (armed bool)`,
+		`INSERT INTO ` + schema + `.commit_bomb_armed VALUES (true)`,
+		`CREATE FUNCTION ` + schema + `.commit_bomb_fire() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (SELECT armed FROM ` + schema + `.commit_bomb_armed) THEN
+    RAISE EXCEPTION 'commit bomb: COMMIT refused';
+  END IF;
+  RETURN NULL;
+END $$`,
+		`CREATE CONSTRAINT TRIGGER fire AFTER INSERT ON ` + table + `
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + schema + `.commit_bomb_fire()`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	return commitBomb{table: table}
+}
+
+func TestCommitFailureLeavesCacheUntouched(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	cache, _ := dedup.New(1000)
+	bomb := armCommitBomb(t, pool, schema)
+	w := newWriter(t, pool, schema, cache, bomb)
+
+	ids := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	vals := [][]byte{order(1, "A"), order(2, "B"), order(3, "A", "C")}
+	batch := func() *sink.Batch {
+		return &sink.Batch{Topic: "orders", Fence: -1, NextOffset: 3, Events: events(0, ids, vals)}
+	}
+	_, err := w.Write(ctx, batch())
+	if err == nil || sink.IsRetryable(err) {
+		t.Fatalf("write with the bomb armed: err = %v, want a non-retryable COMMIT error", err)
+	}
+	for _, id := range ids {
+		for _, h := range append(orders.Names, "commitBomb") {
+			if cache.Seen(dedup.Key{EventID: id, Handler: h}) {
+				t.Fatalf("cache holds %s/%s after a failed COMMIT", id, h)
+			}
+		}
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.emails_sent`); n != 0 {
+		t.Fatalf("emails after a failed COMMIT = %d, want 0", n)
+	}
+
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.commit_bomb_armed SET armed = false`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.Write(ctx, batch())
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if res.Applied != 15 || res.SkippedLRU != 0 {
+		t.Errorf("retry applied %d keys, skipped %d by lru; want 15 and 0", res.Applied, res.SkippedLRU)
+	}
+	want := map[uuid.UUID]orders.Order{}
+	for i, id := range ids {
+		o, _ := orders.Parse(vals[i])
+		want[id] = o
+	}
+	rep, err := orders.Check(ctx, pool, schema, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects after retry not exactly once: %v", rep.Problems)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	pool := sinktest.Pool(t)
+	hs, _ := orders.Handlers("public", orders.Email)
+	_, err := sink.New(pool, sink.Config{Handlers: append(hs, hs[0])})
+	if err == nil {
+		t.Fatal("New accepted a config with no group and a duplicate handler")
+	}
+	for _, want := range []string{"group is required", `handler "emailHandler" registered twice`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
