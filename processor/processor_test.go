@@ -1,0 +1,379 @@
+package processor_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// envMember turns the test binary into a bare group member (see
+// runMemberProcess), so a test can kill a member with SIGKILL.
+const envMember = "ONCEFLOW_TEST_MEMBER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envMember) != "" {
+		runMemberProcess()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runMemberProcess runs one consumer until it is killed. Its Kafka commits
+// are effectively off (one per hour), so when it is killed Kafka knows
+// nothing of its progress: only Postgres does.
+func runMemberProcess() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv(sinktest.EnvDSN))
+	if err != nil {
+		os.Exit(3)
+	}
+	schema, group, topic := os.Getenv("ONCEFLOW_TEST_SCHEMA"), os.Getenv("ONCEFLOW_TEST_GROUP"), os.Getenv("ONCEFLOW_TEST_TOPIC")
+	hs, _ := orders.Handlers(schema)
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: group, Handlers: hs})
+	if err != nil {
+		os.Exit(4)
+	}
+	c, err := processor.New(processor.Config{
+		Brokers: strings.Split(os.Getenv("ONCEFLOW_TEST_BROKERS"), ","), Topics: []string{topic}, Group: group,
+		BatchMaxRecords: 50, CommitInterval: time.Hour,
+		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second,
+		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond)},
+	}, slowWriter{w, 10 * time.Millisecond})
+	if err != nil {
+		os.Exit(5)
+	}
+	_ = c.Run(ctx)
+}
+
+// slowWriter delays every batch, so a killed member dies mid-stream.
+type slowWriter struct {
+	*sink.Writer
+	delay time.Duration
+}
+
+func (s slowWriter) Write(ctx context.Context, b *sink.Batch) (sink.Result, error) {
+	time.Sleep(s.delay)
+	return s.Writer.Write(ctx, b)
+}
+
+// A member that dies hard (SIGKILL: no Kafka commit, no leave) mid-stream
+// is replaced; every effect happens once, and the replacement resumes from
+// the offset stored in Postgres, so it re-reads nothing already applied.
+func TestHardKilledMemberCostsNoReplay(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 4)
+		stream, err := orders.Generate(4000, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envMember+"=1",
+			"ONCEFLOW_TEST_SCHEMA="+e.schema, "ONCEFLOW_TEST_GROUP="+e.group, "ONCEFLOW_TEST_TOPIC="+e.topic,
+			"ONCEFLOW_TEST_BROKERS="+strings.Join(e.brokers, ","))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		e.waitProcessed(500, 60*time.Second)
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		atKill := e.processed()
+		// Offsets start at 0 and every record is an event, so the stored
+		// next offsets add up to the records already applied.
+		storedAtKill := sinktest.Count(t, e.pool, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+e.schema+`.sink_offsets`)
+		if atKill >= int64(len(stream.Unique)) {
+			t.Fatalf("the member finished all %d events before it was killed: the test proves nothing", atKill)
+		}
+		t.Logf("member killed after %d of %d events", atKill, len(stream.Unique))
+
+		m := e.start(e.config("replacement"), e.writer(0))
+		e.waitProcessed(int64(len(stream.Unique)), 90*time.Second)
+		m.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+		// No duplicates were published, so any key found already claimed
+		// would be a replay of applied work.
+		s := m.c.Stats()
+		if s.SkippedPostgres != 0 || s.SkippedLRU != 0 {
+			t.Errorf("replacement re-applied events: skipped %d by postgres, %d by lru; want 0",
+				s.SkippedPostgres, s.SkippedLRU)
+		}
+		if remaining := int64(len(stream.Messages)) - storedAtKill; s.RecordsConsumed > remaining {
+			t.Errorf("replacement fetched %d records, want at most the %d after the offsets stored in Postgres",
+				s.RecordsConsumed, remaining)
+		}
+	})
+}
+
+// Members join and leave (cleanly) while a stream with 30% redeliveries is
+// consumed: every effect happens once.
+func TestRebalanceChurn(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 6)
+		stream, err := orders.Generate(6000, 0.3, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		half := len(stream.Messages) / 2
+		w := e.writer(10000)
+		m1 := e.start(e.config("m1"), w)
+		e.produceMessages(stream.Messages[:half])
+		m2 := e.start(e.config("m2"), w)
+		e.waitProcessed(1000, 60*time.Second)
+		m1.stop(t)
+		m3 := e.start(e.config("m3"), e.writer(0)) // a member with no cache: Postgres alone dedups
+		e.produceMessages(stream.Messages[half:])
+		e.waitProcessed(3000, 60*time.Second)
+		m2.stop(t)
+		e.waitProcessed(int64(len(stream.Unique)), 90*time.Second)
+		m3.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+		total := m1.c.Stats().Assigned + m2.c.Stats().Assigned + m3.c.Stats().Assigned
+		if total <= 6 {
+			t.Errorf("partitions assigned %d times over the test, want more than 6 (rebalances happened)", total)
+		}
+	})
+}
+
+// stallWriter stalls the Write of its n-th batch until released, then
+// performs it with a context that no rebalance cancels: a zombie that
+// does not know it lost its partition.
+type stallWriter struct {
+	processor.Writer
+	n       int32
+	calls   atomic.Int32
+	stalled chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	errs    []error // the results of writes made after the stall
+}
+
+func (s *stallWriter) Write(ctx context.Context, b *sink.Batch) (sink.Result, error) {
+	if s.calls.Add(1) == s.n {
+		close(s.stalled)
+		<-s.release
+		res, err := s.Writer.Write(context.WithoutCancel(ctx), b)
+		s.mu.Lock()
+		s.errs = append(s.errs, err)
+		s.mu.Unlock()
+		return res, err
+	}
+	return s.Writer.Write(ctx, b)
+}
+
+// A member stalls inside a batch; its partition moves to another member,
+// which applies the rest. The stalled member then resumes: its transaction
+// is fenced and rolls back, and every effect happens once.
+func TestZombieIsFenced(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(600, 0, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+
+		zw := &stallWriter{Writer: e.writer(0), n: 2, stalled: make(chan struct{}), release: make(chan struct{})}
+		zcfg := e.config("zombie")
+		zcfg.RebalanceTimeout = 2 * time.Second
+		zombie := e.start(zcfg, zw)
+		select {
+		case <-zw.stalled:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the first member never reached its second batch")
+		}
+		owner := e.start(e.config("owner"), e.writer(0))
+		e.waitProcessed(int64(len(stream.Unique)), 90*time.Second)
+
+		close(zw.release)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			zw.mu.Lock()
+			n := len(zw.errs)
+			zw.mu.Unlock()
+			if n > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		zw.mu.Lock()
+		errs := zw.errs
+		zw.mu.Unlock()
+		if len(errs) == 0 || !errors.Is(errs[0], sink.ErrFenced) {
+			t.Fatalf("the zombie's write returned %v, want ErrFenced", errs)
+		}
+		zombie.stop(t)
+		owner.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+		if f := zombie.c.Stats().Fenced; f < 1 {
+			t.Errorf("zombie fenced %d batches, want at least 1", f)
+		}
+	})
+}
+
+// One partition receives new events, redeliveries of events from earlier
+// batches, an event twice in a row (inside one batch) and every kind of
+// poison record. Valid events take effect once; each poison record is a
+// dead letter in Postgres and on the dead-letter topic, with its reason;
+// the partition keeps going past them.
+func TestMixedStreamWithPoison(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(300, 0, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := stream.Messages
+		rec := func(m orders.Message) *kgo.Record { return processor.NewRecord(e.topic, m.ID, m.Value) }
+		badOrder := uuid.New()
+		poison := []struct {
+			rec    *kgo.Record
+			reason string
+		}{
+			{&kgo.Record{Topic: e.topic, Value: []byte(`{"user_id":1,"items":["A"]}`)}, "no event_id header"},
+			{&kgo.Record{Topic: e.topic, Value: []byte(`{"user_id":1,"items":["A"]}`),
+				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("order-17")}}}, "is not a UUID"},
+			{processor.NewRecord(e.topic, uuid.New(), []byte(`{"user_id":1,`)), "not valid JSON"},
+			{processor.NewRecord(e.topic, uuid.New(), []byte("{\"user_id\":1,\"items\":[\"\x00\"]}")), "NUL byte"},
+			{processor.NewRecord(e.topic, uuid.New(), []byte(`{"items":["`+strings.Repeat("A", 2000)+`"]}`)), "over the 1024-byte limit"},
+			{processor.NewRecord(e.topic, badOrder, []byte(`{"user_id":"one","items":["A"]}`)), "rejected: not an order"},
+		}
+		var first []*kgo.Record
+		for i, m := range msgs[:150] {
+			first = append(first, rec(m))
+			if i%25 == 0 {
+				first = append(first, poison[(i/25)%len(poison)].rec)
+			}
+			if i == 40 {
+				first = append(first, rec(m)) // the same event twice in a row: one batch
+			}
+		}
+		e.produce(first...)
+		m := e.start(e.config("mixed"), e.writer(1000))
+		e.waitProcessed(150, 60*time.Second)
+
+		var second []*kgo.Record
+		for i, msg := range msgs[150:] {
+			second = append(second, rec(msg), rec(msgs[i%150])) // new event, then a redelivery of an old one
+		}
+		e.produce(second...)
+		e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
+		m.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+
+		s := m.c.Stats()
+		if s.SkippedLRU+s.SkippedPostgres != 151*4 {
+			t.Errorf("skipped %d (lru) + %d (postgres) keys, want %d", s.SkippedLRU, s.SkippedPostgres, 151*4)
+		}
+		for _, p := range poison {
+			n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.dead_letters WHERE reason LIKE '%' || $1 || '%'`, p.reason)
+			if n != 1 {
+				t.Errorf("dead_letters with reason %q: %d rows, want 1", p.reason, n)
+			}
+		}
+		// The dead-letter topic has the same records, with their provenance.
+		cl := e.client(kgo.ConsumeTopics(e.dlq), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		reasons := map[string]bool{}
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		for len(reasons) < len(poison) && ctx.Err() == nil {
+			cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+				h := map[string]string{}
+				for _, kv := range r.Headers {
+					h[kv.Key] = string(kv.Value)
+				}
+				if h["topic"] != e.topic || h["partition"] != "0" || h["offset"] == "" {
+					t.Errorf("dead letter %s lacks provenance headers: %v", h["reason"], h)
+				}
+				reasons[h["reason"]] = true
+			})
+		}
+		for _, p := range poison {
+			found := false
+			for r := range reasons {
+				found = found || strings.Contains(r, p.reason)
+			}
+			if !found {
+				t.Errorf("no record on the dead-letter topic with reason %q (have %v)", p.reason, reasons)
+			}
+		}
+	})
+}
+
+// Canceling Run drains: it returns after in-flight batches committed and
+// the Kafka offsets match those stored in Postgres; a new member then
+// resumes without re-reading anything.
+func TestDrainCommitsOffsets(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 3)
+		stream, err := orders.Generate(3000, 0, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		cfg := e.config("draining")
+		cfg.CommitInterval = time.Hour // only the drain commits
+		m := e.start(cfg, slowWriter{e.writer(0), 5 * time.Millisecond})
+		e.waitProcessed(300, 60*time.Second)
+		m.stop(t)
+
+		adm := kadm.NewClient(e.client())
+		committed, err := adm.FetchOffsets(t.Context(), e.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored := map[int32]int64{}
+		rows, err := e.pool.Query(t.Context(), `SELECT partition, next_offset FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1`, e.group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var p int32
+			var n int64
+			if err := rows.Scan(&p, &n); err != nil {
+				t.Fatal(err)
+			}
+			stored[p] = n
+		}
+		if len(stored) == 0 {
+			t.Fatal("nothing stored in sink_offsets after the drain")
+		}
+		for p, n := range stored {
+			got, ok := committed.Lookup(e.topic, p)
+			if !ok || got.At != n {
+				t.Errorf("partition %d: Kafka committed %v (found %v), Postgres stored %d", p, got.At, ok, n)
+			}
+		}
+
+		next := e.start(e.config("next"), e.writer(0))
+		e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
+		next.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+		if s := next.c.Stats(); s.SkippedPostgres != 0 {
+			t.Errorf("the next member re-read %d applied keys, want 0", s.SkippedPostgres)
+		}
+	})
+}
