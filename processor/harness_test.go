@@ -259,4 +259,3 @@ func (e *env) checkExactlyOnce(want map[uuid.UUID]orders.Order) {
 		e.t.Fatalf("effects not exactly once:\n%s", strings.Join(rep.Problems, "\n"))
 	}
 }
-
