@@ -1,0 +1,363 @@
+// Package config is onceflow's one configuration: a Config loaded by Load
+// from, in rising precedence, defaults, a YAML file, ONCEFLOW_* environment
+// variables and command-line flags, then validated with every problem named
+// by its key. Only package main imports it; the pipeline's packages take
+// plain structs built from it.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// EnvPrefix prefixes every environment variable: kafka.brokers is
+// ONCEFLOW_KAFKA_BROKERS.
+const EnvPrefix = "ONCEFLOW"
+
+// Config is every setting of onceflow. The `mapstructure` tags are the keys.
+type Config struct {
+	Kafka    Kafka    `mapstructure:"kafka"`
+	Batch    Batch    `mapstructure:"batch"`
+	Decode   Decode   `mapstructure:"decode"`
+	Postgres Postgres `mapstructure:"postgres"`
+	Dedup    Dedup    `mapstructure:"dedup"`
+	Handlers []string `mapstructure:"handlers"`
+	Bus      string   `mapstructure:"bus"`
+	Log      Log      `mapstructure:"log"`
+	HTTP     HTTP     `mapstructure:"http"`
+}
+
+// Kafka is the consumer side.
+type Kafka struct {
+	Brokers          []string      `mapstructure:"brokers"`
+	Topics           []string      `mapstructure:"topics"`
+	Group            string        `mapstructure:"group"`
+	ClientID         string        `mapstructure:"client_id"`
+	DeadLetterTopic  string        `mapstructure:"dead_letter_topic"`
+	SessionTimeout   time.Duration `mapstructure:"session_timeout"`
+	RebalanceTimeout time.Duration `mapstructure:"rebalance_timeout"`
+	CommitInterval   time.Duration `mapstructure:"commit_interval"`
+}
+
+// Batch says when a partition's batch closes.
+type Batch struct {
+	MaxRecords int           `mapstructure:"max_records"`
+	MaxBytes   int           `mapstructure:"max_bytes"`
+	Linger     time.Duration `mapstructure:"linger"`
+}
+
+// Decode says where the event id is and how large a record may be.
+type Decode struct {
+	EventIDField   string `mapstructure:"event_id_field"`
+	MaxRecordBytes int    `mapstructure:"max_record_bytes"`
+}
+
+// Postgres is the sink.
+type Postgres struct {
+	DSN       string        `mapstructure:"dsn"`
+	Schema    string        `mapstructure:"schema"`
+	PoolSize  int           `mapstructure:"pool_size"`
+	TxTimeout time.Duration `mapstructure:"tx_timeout"`
+}
+
+// Dedup sizes the LRU fast path.
+type Dedup struct {
+	LRUSize int `mapstructure:"lru_size"`
+}
+
+// Log configures log/slog output on stderr.
+type Log struct {
+	Level  string `mapstructure:"level"`
+	Format string `mapstructure:"format"`
+}
+
+// HTTP is the listen address of the HTTP server (metrics, health, API).
+type HTTP struct {
+	Addr string `mapstructure:"addr"`
+}
+
+// DefaultDSN is the database infra/postgres.sh creates.
+const DefaultDSN = "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode=disable"
+
+// defaults has a value for every key; it is also the list of known keys.
+var defaults = map[string]any{
+	"kafka.brokers":           []string{"127.0.0.1:9092"},
+	"kafka.topics":            []string{"orders"},
+	"kafka.group":             "onceflow",
+	"kafka.client_id":         "onceflow",
+	"kafka.dead_letter_topic": "orders.dlq",
+	"kafka.session_timeout":   10 * time.Second,
+	"kafka.rebalance_timeout": 30 * time.Second,
+	"kafka.commit_interval":   time.Second,
+	"batch.max_records":       1000,
+	"batch.max_bytes":         4 << 20,
+	"batch.linger":            50 * time.Millisecond,
+	"decode.event_id_field":   "",
+	"decode.max_record_bytes": 1 << 20,
+	"postgres.dsn":            DefaultDSN,
+	"postgres.schema":         "public",
+	"postgres.pool_size":      4,
+	"postgres.tx_timeout":     30 * time.Second,
+	"dedup.lru_size":          100000,
+	"handlers":                []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"},
+	"bus":                     "kafka",
+	"log.level":               "info",
+	"log.format":              "text",
+	"http.addr":               "127.0.0.1:8080",
+}
+
+// Keys returns every configuration key, sorted.
+func Keys() []string {
+	keys := make([]string, 0, len(defaults))
+	for k := range defaults {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// EnvName is the environment variable for key.
+func EnvName(key string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// Flag binds a command-line flag to a key.
+type Flag struct {
+	Name string // flag name, without dashes
+	Key  string
+}
+
+// Load builds the Config. file is a YAML file ("" for none); flags, if not
+// nil, override keys through binds for the flags the user set. It returns
+// every problem at once: unknown keys in the file or environment, values of
+// the wrong type, and everything Validate finds.
+func Load(file string, flags *pflag.FlagSet, binds []Flag) (Config, error) {
+	v := viper.New()
+	for k, d := range defaults {
+		v.SetDefault(k, d)
+	}
+	var problems []error
+	if file != "" {
+		v.SetConfigFile(file)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", file, err)
+		}
+	}
+	v.SetEnvPrefix(EnvPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	problems = append(problems, unknownEnv()...)
+	for _, b := range binds {
+		if flags == nil {
+			break
+		}
+		if f := flags.Lookup(b.Name); f != nil {
+			if err := v.BindPFlag(b.Key, f); err != nil {
+				problems = append(problems, fmt.Errorf("flag --%s: %w", b.Name, err))
+			}
+		}
+	}
+	var cfg Config
+	err := v.UnmarshalExact(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+		mapstructure.StringToTimeDurationHookFunc(),
+		mapstructure.StringToSliceHookFunc(","),
+	)))
+	if err != nil {
+		problems = append(problems, unmarshalProblems(err, file)...)
+	} else if err := cfg.Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	return cfg, errors.Join(problems...)
+}
+
+// unknownEnv reports ONCEFLOW_* variables that name no key (ONCEFLOW_TEST_*
+// belong to the test suite and are ignored).
+func unknownEnv() []error {
+	known := map[string]bool{}
+	for k := range defaults {
+		known[EnvName(k)] = true
+	}
+	var problems []error
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix+"_") && !strings.HasPrefix(name, EnvPrefix+"_TEST_") && !known[name] {
+			problems = append(problems, fmt.Errorf("environment %s: no such setting (every key is in config.example.yaml)", name))
+		}
+	}
+	return problems
+}
+
+// unmarshalProblems turns mapstructure's joined errors into one error per
+// problem, naming the file.
+func unmarshalProblems(err error, file string) []error {
+	where := "config"
+	if file != "" {
+		where = "config file " + file
+	}
+	var out []error
+	for _, line := range strings.Split(err.Error(), "\n") {
+		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "*"))
+		if line == "" || strings.HasPrefix(line, "decoding failed due to") || strings.HasSuffix(line, "error(s) decoding:") {
+			continue
+		}
+		out = append(out, fmt.Errorf("%s: %s", where, line))
+	}
+	if len(out) == 0 {
+		out = append(out, fmt.Errorf("%s: %w", where, err))
+	}
+	return out
+}
+
+var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// knownHandlers are the handlers this build has (the demo business).
+var knownHandlers = []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}
+
+// Validate returns every problem with c, each naming its key. It never
+// includes a password in its messages.
+func (c Config) Validate() error {
+	var ps []error
+	bad := func(key, format string, args ...any) {
+		ps = append(ps, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "at least one broker is required")
+	}
+	for _, b := range c.Kafka.Brokers {
+		if err := checkHostPort(b); err != nil {
+			bad("kafka.brokers", "%q is not host:port: %v", b, err)
+		}
+	}
+	if len(c.Kafka.Topics) == 0 {
+		bad("kafka.topics", "at least one topic is required")
+	}
+	for _, t := range c.Kafka.Topics {
+		if !validTopic(t) {
+			bad("kafka.topics", "%q is not a valid topic name (1-249 of [a-zA-Z0-9._-])", t)
+		}
+	}
+	if c.Kafka.DeadLetterTopic != "" && !validTopic(c.Kafka.DeadLetterTopic) {
+		bad("kafka.dead_letter_topic", "%q is not a valid topic name", c.Kafka.DeadLetterTopic)
+	}
+	if slices.Contains(c.Kafka.Topics, c.Kafka.DeadLetterTopic) {
+		bad("kafka.dead_letter_topic", "%q is also a consumed topic", c.Kafka.DeadLetterTopic)
+	}
+	if c.Kafka.Group == "" {
+		bad("kafka.group", "is required")
+	}
+	if c.Kafka.SessionTimeout < 100*time.Millisecond {
+		bad("kafka.session_timeout", "%v is below 100ms", c.Kafka.SessionTimeout)
+	}
+	if c.Kafka.RebalanceTimeout < c.Kafka.SessionTimeout {
+		bad("kafka.rebalance_timeout", "%v is shorter than kafka.session_timeout %v", c.Kafka.RebalanceTimeout, c.Kafka.SessionTimeout)
+	}
+	if c.Kafka.CommitInterval <= 0 {
+		bad("kafka.commit_interval", "must be positive, got %v", c.Kafka.CommitInterval)
+	}
+	if c.Batch.MaxRecords < 1 || c.Batch.MaxRecords > 100000 {
+		bad("batch.max_records", "must be 1..100000, got %d", c.Batch.MaxRecords)
+	}
+	if c.Batch.MaxBytes < 1024 {
+		bad("batch.max_bytes", "must be at least 1024, got %d", c.Batch.MaxBytes)
+	}
+	if c.Batch.Linger < 0 || c.Batch.Linger > time.Minute {
+		bad("batch.linger", "must be 0..1m, got %v", c.Batch.Linger)
+	}
+	if c.Decode.MaxRecordBytes < 1 {
+		bad("decode.max_record_bytes", "must be positive, got %d", c.Decode.MaxRecordBytes)
+	}
+	if _, err := pgx.ParseConfig(c.Postgres.DSN); err != nil {
+		bad("postgres.dsn", "%s is not a valid connection string (postgres://user:password@host:port/db?sslmode=disable)", RedactDSN(c.Postgres.DSN))
+	}
+	if !identifier.MatchString(c.Postgres.Schema) {
+		bad("postgres.schema", "%q is not a lower-case SQL identifier", c.Postgres.Schema)
+	}
+	if c.Postgres.PoolSize < 1 {
+		bad("postgres.pool_size", "must be at least 1, got %d", c.Postgres.PoolSize)
+	}
+	if c.Postgres.TxTimeout <= 0 {
+		bad("postgres.tx_timeout", "must be positive, got %v", c.Postgres.TxTimeout)
+	}
+	if c.Dedup.LRUSize < 0 {
+		bad("dedup.lru_size", "must be >= 0 (0 disables the cache), got %d", c.Dedup.LRUSize)
+	}
+	if len(c.Handlers) == 0 {
+		bad("handlers", "at least one handler is required (known: %s)", strings.Join(knownHandlers, ", "))
+	}
+	seen := map[string]bool{}
+	for _, h := range c.Handlers {
+		switch {
+		case !slices.Contains(knownHandlers, h):
+			bad("handlers", "unknown handler %q (known: %s)", h, strings.Join(knownHandlers, ", "))
+		case seen[h]:
+			bad("handlers", "handler %q listed twice", h)
+		}
+		seen[h] = true
+	}
+	if c.Bus == "" {
+		bad("bus", "is required")
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		bad("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
+		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	if c.HTTP.Addr != "" {
+		if err := checkHostPort(c.HTTP.Addr); err != nil {
+			bad("http.addr", "%q is not host:port: %v", c.HTTP.Addr, err)
+		}
+	}
+	return errors.Join(ps...)
+}
+
+func checkHostPort(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if strings.ContainsAny(host, "/ ") {
+		return fmt.Errorf("bad host %q", host)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not 1..65535", port)
+	}
+	return nil
+}
+
+var topicChars = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+func validTopic(t string) bool { return topicChars.MatchString(t) && t != "." && t != ".." }
+
+// RedactDSN returns dsn with any password replaced by "xxxxx", for logs and
+// errors.
+func RedactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		return u.String()
+	}
+	dsn = urlPassword.ReplaceAllString(dsn, "${1}xxxxx@")
+	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
+}
+
+var (
+	urlPassword = regexp.MustCompile(`(://[^:/@]*:)[^@]*@`)
+	kvPassword  = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|\S+)`)
+)
