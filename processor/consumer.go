@@ -101,6 +101,23 @@ type Stats struct {
 	Workers         int64 // partition workers running now
 }
 
+// Plus returns the field-by-field sum of s and o, to total several members.
+func (s Stats) Plus(o Stats) Stats {
+	s.RecordsConsumed += o.RecordsConsumed
+	s.Batches += o.Batches
+	s.Applied += o.Applied
+	s.SkippedLRU += o.SkippedLRU
+	s.SkippedPostgres += o.SkippedPostgres
+	s.DeadLetters += o.DeadLetters
+	s.Fenced += o.Fenced
+	s.Retries += o.Retries
+	s.Assigned += o.Assigned
+	s.Revoked += o.Revoked
+	s.Lost += o.Lost
+	s.Workers += o.Workers
+	return s
+}
+
 type counters struct {
 	records, batches, applied, skippedLRU, skippedPG, dead, fenced, retries atomic.Int64
 	assigned, revoked, lost, workers                                        atomic.Int64
@@ -120,6 +137,10 @@ type Consumer struct {
 	cl      *kgo.Client
 	base    context.Context // parent of worker contexts; outlives Run's ctx for draining
 	ran     atomic.Bool
+
+	aborting  atomic.Bool
+	abortOnce sync.Once
+	abortRun  chan struct{} // closed by Abort
 }
 
 type tp struct {
@@ -182,8 +203,45 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 		writer:  w,
 		log:     log,
 		tracer:  provider.Tracer("github.com/onceflow/onceflow/processor"),
-		workers: map[tp]*worker{},
+		workers:  map[tp]*worker{},
+		abortRun: make(chan struct{}),
 	}, nil
+}
+
+// Abort stops Run as a crash would, as far as Kafka and Postgres can tell:
+// in-flight transactions are canceled (they roll back) and no Kafka offset
+// is committed, not even those already marked. Run then returns. Whatever
+// was committed to Postgres stays, and the partitions' next owners resume
+// from the offsets stored there. Abort is safe to call at any time, more
+// than once, and concurrently with Run.
+func (c *Consumer) Abort() {
+	c.abortOnce.Do(func() {
+		c.aborting.Store(true)
+		close(c.abortRun)
+	})
+}
+
+// PartitionLag is how far one assigned partition's worker is behind the
+// partition's high watermark, as of the last fetch.
+type PartitionLag struct {
+	Topic     string
+	Partition int32
+	Lag       int64
+}
+
+// Lag returns the lag of every partition assigned now.
+func (c *Consumer) Lag() []PartitionLag {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]PartitionLag, 0, len(c.workers))
+	for k, w := range c.workers {
+		hw := w.hw.Load()
+		if hw < 0 {
+			continue
+		}
+		out = append(out, PartitionLag{Topic: k.topic, Partition: k.partition, Lag: max(0, hw-w.next.Load())})
+	}
+	return out
 }
 
 // Stats returns a snapshot of the counters.
@@ -210,6 +268,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	c.base = base
+	ctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	go func() {
+		select {
+		case <-c.abortRun:
+			cancelRun()
+		case <-ctx.Done():
+		}
+	}()
 
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
@@ -269,6 +336,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				return // revoked since the fetch; the next owner reads them
 			}
 			c.stats.records.Add(int64(len(p.Records)))
+			w.hw.Store(p.HighWatermark)
 			select {
 			case w.recs <- p.Records:
 			case <-w.done:
@@ -279,6 +347,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	cl.AllowRebalance()
 
+	if c.aborting.Load() {
+		c.stopAll(true)
+		cl.Close()
+		c.log.Warn("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
+		return nil
+	}
 	// Drain: finish in-flight batches, commit, leave.
 	c.stopAll(false)
 	dctx, cancel := context.WithTimeout(base, c.cfg.DrainTimeout)
@@ -367,8 +441,11 @@ func (c *Consumer) adjust(_ context.Context, offsets map[string]map[int32]kgo.Of
 }
 
 func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	n := c.stop(revoked, false)
+	n := c.stop(revoked, c.aborting.Load())
 	c.stats.revoked.Add(int64(n))
+	if c.aborting.Load() {
+		return
+	}
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		c.log.Warn("commit offsets on revoke", "err", err)
 	}

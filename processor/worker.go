@@ -41,6 +41,7 @@ type worker struct {
 
 	fence atomic.Int64 // the sink_offsets value this worker last read or wrote
 	next  atomic.Int64 // records below it are already written: dropped
+	hw    atomic.Int64 // the partition's high watermark at the last fetch; -1 before
 }
 
 func newWorker(c *Consumer, cl *kgo.Client, key tp, fence int64) *worker {
@@ -51,6 +52,7 @@ func newWorker(c *Consumer, cl *kgo.Client, key tp, fence int64) *worker {
 		ctx: ctx, abort: cancel,
 	}
 	w.fence.Store(fence)
+	w.hw.Store(-1)
 	if fence >= 0 {
 		w.next.Store(fence)
 	}
@@ -171,7 +173,9 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			// Events a handler rejected became dead letters inside the
 			// transaction; publish them before the Kafka offset moves.
 			w.publishRejected(ctx, b.DeadLetters[decoded:])
-			w.cl.MarkCommitRecords(last)
+			if !w.c.aborting.Load() {
+				w.cl.MarkCommitRecords(last)
+			}
 			w.count(res)
 			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),
 				attribute.Int("onceflow.skipped_lru", res.SkippedLRU),

@@ -193,3 +193,14 @@ func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
 	slices.SortFunc(keys, cmp)
 	return keys
 }
+
+// EmailsSent counts the emails_sent rows of one event.
+func EmailsSent(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "emails_sent"}.Sanitize()+
+		` WHERE event_id = $1`, id).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count emails: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,156 @@
+// Command onceflow turns Kafka's at-least-once delivery into effectively-once
+// effects in PostgreSQL. See README.md; `onceflow help` lists the commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/orders"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	var exit exitError
+	switch {
+	case errors.As(err, &exit):
+		os.Exit(int(exit))
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "onceflow:", err)
+		os.Exit(1)
+	}
+}
+
+// exitError ends the process with a status after the command has already
+// said why.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// binds are the flags every command accepts, and the keys they set.
+var binds = []config.Flag{
+	{Name: "brokers", Key: "kafka.brokers"},
+	{Name: "topics", Key: "kafka.topics"},
+	{Name: "group", Key: "kafka.group"},
+	{Name: "dsn", Key: "postgres.dsn"},
+	{Name: "schema", Key: "postgres.schema"},
+	{Name: "handlers", Key: "handlers"},
+	{Name: "lru-size", Key: "dedup.lru_size"},
+	{Name: "batch-max-records", Key: "batch.max_records"},
+	{Name: "log-level", Key: "log.level"},
+	{Name: "http-addr", Key: "http.addr"},
+}
+
+func addConfigFlags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML config file (see config.example.yaml)")
+	fs.StringSlice("brokers", nil, "Kafka brokers, host:port[,host:port] (kafka.brokers)")
+	fs.StringSlice("topics", nil, "topics to consume (kafka.topics)")
+	fs.String("group", "", "consumer group (kafka.group)")
+	fs.String("dsn", "", "Postgres connection string (postgres.dsn)")
+	fs.String("schema", "", "Postgres schema for onceflow's tables (postgres.schema)")
+	fs.StringSlice("handlers", nil, "handlers to run (handlers)")
+	fs.Int("lru-size", 0, "dedup LRU size; 0 disables it (dedup.lru_size)")
+	fs.Int("batch-max-records", 0, "records per batch at most (batch.max_records)")
+	fs.String("log-level", "", "debug, info, warn or error (log.level)")
+	fs.String("http-addr", "", "HTTP listen address for metrics, health and the API (http.addr)")
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "onceflow",
+		Short: "Effectively-once effects in PostgreSQL from at-least-once Kafka",
+		Long: `onceflow consumes Kafka topics in a consumer group and applies each event's
+business effects in PostgreSQL exactly once, however often the broker
+delivers it: one transaction per partition batch claims (event_id, handler)
+rows in processed_events, applies the claimed events, stores the partition's
+next offset, and commits; only then is the Kafka offset committed.
+
+Configuration: a YAML file (--config), ONCEFLOW_* environment variables
+(ONCEFLOW_POSTGRES_DSN, ONCEFLOW_KAFKA_BROKERS, ...), then flags.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	addConfigFlags(root.PersistentFlags())
+	root.AddCommand(newRunCmd(), newDemoCmd(), newMigrateCmd(), newAuditCmd())
+	return root
+}
+
+// app is what every command starts from: the loaded config and a logger.
+type app struct {
+	cfg config.Config
+	log *slog.Logger
+}
+
+func load(cmd *cobra.Command) (*app, error) {
+	file, _ := cmd.Flags().GetString("config")
+	cfg, err := config.Load(file, cmd.Flags(), binds)
+	if err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return &app{cfg: cfg, log: newLogger(cfg.Log)}, nil
+}
+
+func newLogger(c config.Log) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if c.Format == "json" {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	return slog.New(traceHandler{h})
+}
+
+// openPool connects to Postgres and pings it, with an error that says how to
+// start the local database when it does not answer.
+func (a *app) openPool(ctx context.Context, size int) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(a.cfg.Postgres.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.dsn %s: not a valid connection string", config.RedactDSN(a.cfg.Postgres.DSN))
+	}
+	pc.MaxConns = int32(size)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, fmt.Errorf("postgres at %s does not answer (%v)\n  start the local cluster with: infra/postgres.sh start",
+			config.RedactDSN(a.cfg.Postgres.DSN), redactErr(err, a.cfg.Postgres.DSN))
+	}
+	return pool, nil
+}
+
+// redactErr removes the DSN's password from an error message.
+func redactErr(err error, dsn string) string {
+	msg := err.Error()
+	if pc, perr := pgxpool.ParseConfig(dsn); perr == nil && pc.ConnConfig.Password != "" {
+		msg = strings.ReplaceAll(msg, pc.ConnConfig.Password, "xxxxx")
+	}
+	return msg
+}
+
+
+// migrate creates sink's and the demo handlers' tables in schema.
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if err := sink.Migrate(ctx, pool, schema); err != nil {
+		return err
+	}
+	return orders.Migrate(ctx, pool, schema)
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// metrics exposes the counters of every consumer of this process (the demo
+// runs several) and of the dedup cache, plus batch histograms fed by
+// processor.Config.OnBatch. It is safe for concurrent use.
+type metrics struct {
+	reg       *prometheus.Registry
+	batchSize prometheus.Histogram
+	batchDur  prometheus.Histogram
+
+	mu        sync.Mutex
+	consumers []*processor.Consumer
+	caches    []*dedup.Cache
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "onceflow_batch_records", Help: "Records per committed batch.",
+		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
+	})
+	m.batchDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "onceflow_batch_duration_seconds", Help: "Time from a batch closing to its COMMIT, retries included.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	})
+	m.reg.MustRegister(m.batchSize, m.batchDur, m, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// add makes c and its writer's cache (nil if none) part of the metrics.
+func (m *metrics) add(c *processor.Consumer, cache *dedup.Cache) {
+	m.mu.Lock()
+	m.consumers = append(m.consumers, c)
+	m.caches = append(m.caches, cache)
+	m.mu.Unlock()
+}
+
+func (m *metrics) onBatch(b processor.BatchInfo) {
+	m.batchSize.Observe(float64(b.Records))
+	m.batchDur.Observe(b.Duration.Seconds())
+}
+
+var (
+	descRecords   = prometheus.NewDesc("onceflow_records_consumed_total", "Records received from Kafka, duplicates included.", nil, nil)
+	descApplied   = prometheus.NewDesc("onceflow_events_applied_total", "(event, handler) pairs applied.", nil, nil)
+	descSkipped   = prometheus.NewDesc("onceflow_duplicates_skipped_total", "(event, handler) pairs skipped as duplicates, by layer.", []string{"layer"}, nil)
+	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
+	descBatches   = prometheus.NewDesc("onceflow_batches_total", "Batches committed.", nil, nil)
+	descRetries   = prometheus.NewDesc("onceflow_transaction_retries_total", "Batch transactions retried after an error.", nil, nil)
+	descFenced    = prometheus.NewDesc("onceflow_batches_fenced_total", "Batches rolled back by the sink_offsets fence.", nil, nil)
+	descRebalance = prometheus.NewDesc("onceflow_rebalance_partitions_total", "Partitions assigned, revoked or lost.", []string{"kind"}, nil)
+	descWorkers   = prometheus.NewDesc("onceflow_partition_workers", "Partition workers running.", nil, nil)
+	descLag       = prometheus.NewDesc("onceflow_partition_lag", "Records between a partition's high watermark and its next offset.", []string{"topic", "partition"}, nil)
+	descLRUSize   = prometheus.NewDesc("onceflow_lru_size", "Keys in the dedup LRU.", nil, nil)
+	descLRUHits   = prometheus.NewDesc("onceflow_lru_lookups_total", "Dedup LRU lookups, by result.", []string{"result"}, nil)
+	descLRURatio  = prometheus.NewDesc("onceflow_lru_hit_ratio", "Dedup LRU hits / lookups since start.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRecords, descApplied, descSkipped, descDead, descBatches, descRetries,
+		descFenced, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector, summing over the consumers.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	cs := append([]*processor.Consumer(nil), m.consumers...)
+	caches := append([]*dedup.Cache(nil), m.caches...)
+	m.mu.Unlock()
+	var t processor.Stats
+	lag := map[[2]string]int64{}
+	for _, c := range cs {
+		t = t.Plus(c.Stats())
+		for _, l := range c.Lag() {
+			lag[[2]string{l.Topic, strconv.Itoa(int(l.Partition))}] = l.Lag
+		}
+	}
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter(descRecords, t.RecordsConsumed)
+	counter(descApplied, t.Applied)
+	counter(descSkipped, t.SkippedLRU, "lru")
+	counter(descSkipped, t.SkippedPostgres, "postgres")
+	counter(descDead, t.DeadLetters)
+	counter(descBatches, t.Batches)
+	counter(descRetries, t.Retries)
+	counter(descFenced, t.Fenced)
+	counter(descRebalance, t.Assigned, "assigned")
+	counter(descRebalance, t.Revoked, "revoked")
+	counter(descRebalance, t.Lost, "lost")
+	gauge(descWorkers, float64(t.Workers))
+	for k, v := range lag {
+		gauge(descLag, float64(v), k[0], k[1])
+	}
+	var lru dedup.Stats
+	for _, c := range caches {
+		st := c.Stats()
+		lru.Len += st.Len
+		lru.Hits += st.Hits
+		lru.Misses += st.Misses
+	}
+	gauge(descLRUSize, float64(lru.Len))
+	counter(descLRUHits, lru.Hits, "hit")
+	counter(descLRUHits, lru.Misses, "miss")
+	ratio := 0.0
+	if n := lru.Hits + lru.Misses; n > 0 {
+		ratio = float64(lru.Hits) / float64(n)
+	}
+	gauge(descLRURatio, ratio)
+}
