@@ -238,7 +238,7 @@ func (c Config) Validate() error {
 		bad("kafka.brokers", "at least one broker is required")
 	}
 	for _, b := range c.Kafka.Brokers {
-		if err := checkHostPort(b); err != nil {
+		if err := checkHostPort(b, 1); err != nil {
 			bad("kafka.brokers", "%q is not host:port: %v", b, err)
 		}
 	}
@@ -318,14 +318,14 @@ func (c Config) Validate() error {
 		bad("log.format", "%q is not text or json", c.Log.Format)
 	}
 	if c.HTTP.Addr != "" {
-		if err := checkHostPort(c.HTTP.Addr); err != nil {
+		if err := checkHostPort(c.HTTP.Addr, 0); err != nil { // port 0: any free port
 			bad("http.addr", "%q is not host:port: %v", c.HTTP.Addr, err)
 		}
 	}
 	return errors.Join(ps...)
 }
 
-func checkHostPort(s string) error {
+func checkHostPort(s string, minPort int) error {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		return err
@@ -334,8 +334,8 @@ func checkHostPort(s string) error {
 		return fmt.Errorf("bad host %q", host)
 	}
 	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q is not 1..65535", port)
+	if err != nil || n < minPort || n > 65535 {
+		return fmt.Errorf("port %q is not %d..65535", port, minPort)
 	}
 	return nil
 }

@@ -199,10 +199,10 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 		provider = noop.NewTracerProvider()
 	}
 	return &Consumer{
-		cfg:     cfg,
-		writer:  w,
-		log:     log,
-		tracer:  provider.Tracer("github.com/onceflow/onceflow/processor"),
+		cfg:      cfg,
+		writer:   w,
+		log:      log,
+		tracer:   provider.Tracer("github.com/onceflow/onceflow/processor"),
 		workers:  map[tp]*worker{},
 		abortRun: make(chan struct{}),
 	}, nil

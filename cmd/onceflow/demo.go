@@ -466,4 +466,3 @@ func snapshot(mu *sync.Mutex, all *[]*demoMember) []*demoMember {
 	defer mu.Unlock()
 	return append([]*demoMember(nil), *all...)
 }
-

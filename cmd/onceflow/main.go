@@ -146,7 +146,6 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-
 // migrate creates sink's and the demo handlers' tables in schema.
 func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err := sink.Migrate(ctx, pool, schema); err != nil {

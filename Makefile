@@ -1,0 +1,42 @@
+# onceflow — the targets people expect. `make help` lists them.
+SHELL := /bin/bash
+GO    ?= go
+PKGS  := ./...
+
+export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
+
+.PHONY: help build demo test test-kfake lint fuzz bench up down up-postgres up-kafka up-jaeger
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/onceflow
+	$(GO) build -o bin/onceflow ./cmd/onceflow
+
+demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
+	$(GO) run ./cmd/onceflow demo $(ARGS)
+
+test: up-postgres up-kafka ## the whole suite, race detector on, on kfake and on a real Kafka
+	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) $(GO) test -race -shuffle=on -count=1 $(PKGS)
+
+test-kfake: up-postgres ## the suite on kfake only (no Java needed)
+	ONCEFLOW_TEST_KFAKE_ONLY=1 $(GO) test -race -shuffle=on -count=1 $(PKGS)
+
+lint: ## go vet and gofmt
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+fuzz: ## fuzz the record decoder for 30s
+	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s
+
+up: up-postgres up-kafka ## start Postgres and Kafka on this machine
+up-postgres:
+	@infra/postgres.sh start >/dev/null
+up-kafka:
+	@infra/kafka.sh start >/dev/null
+up-jaeger: ## build (first time) and start Jaeger v2 on 127.0.0.1
+	@infra/jaeger.sh start
+
+down: ## stop Kafka and Jaeger (Postgres is the machine's; infra/postgres.sh stop)
+	-@infra/kafka.sh stop
+	-@infra/jaeger.sh stop

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// runCLI runs the onceflow command line with args, returning stdout and
+// the error.
+func runCLI(t *testing.T, stderr io.Writer, args ...string) (string, error) {
+	t.Helper()
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+// The demo's JSON summary matches what the tables hold, every effect
+// happened once, and /metrics serves the pipeline's metrics while it runs.
+func TestDemoJSONMatchesTablesAndServesMetrics(t *testing.T) {
+	dsn := sinktest.DSN(t)
+	pool := sinktest.Pool(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	schema := "test_demo_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+
+	pr, pw := io.Pipe()
+	scraped := make(chan map[string]*dtoFamily, 1)
+	go scrapeWhileRunning(pr, scraped)
+	out, err := runCLI(t, pw, "demo", "--json", "--events", "3000", "--partitions", "4", "--members", "2",
+		"--rebalance-every", "300ms", "--dsn", dsn, "--demo-schema", schema, "--http-addr", "127.0.0.1:0")
+	pw.Close()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	var sum demoSummary
+	if err := json.Unmarshal([]byte(out), &sum); err != nil {
+		t.Fatalf("demo output is not one JSON object: %v\n%s", err, out)
+	}
+	if !sum.ExactlyOnce || len(sum.Problems) > 0 {
+		t.Errorf("demo says exactly_once=%v, problems %v", sum.ExactlyOnce, sum.Problems)
+	}
+	for _, tc := range []struct {
+		name string
+		got  int64
+		sql  string
+	}{
+		{"emails_sent", sum.EmailsSent, `SELECT count(*) FROM ` + schema + `.emails_sent`},
+		{"processed_events_total", sum.ProcessedTotal, `SELECT count(*) FROM ` + schema + `.processed_events`},
+		{"analytics_orders", sum.OrdersCounter, `SELECT sum(value)::bigint FROM ` + schema + `.analytics_counters WHERE name = 'orders'`},
+		{"analytics_items", sum.ItemsCounter, `SELECT sum(value)::bigint FROM ` + schema + `.analytics_counters WHERE name = 'items'`},
+		{"inventory_reserved", sum.ItemsReserved, `SELECT sum(reserved)::bigint FROM ` + schema + `.inventory_reserved`},
+		{"dead_letters", sum.DeadLetters, `SELECT count(*) FROM ` + schema + `.dead_letters`},
+	} {
+		if want := sinktest.Count(t, pool, tc.sql); tc.got != want {
+			t.Errorf("summary %s = %d, psql finds %d", tc.name, tc.got, want)
+		}
+	}
+	if sum.UniqueEvents != 3000 || sum.EmailsSent != 3000 || sum.ProcessedTotal != 4*3000 {
+		t.Errorf("summary: %d unique, %d emails, %d processed rows; want 3000, 3000, 12000",
+			sum.UniqueEvents, sum.EmailsSent, sum.ProcessedTotal)
+	}
+	dups := int64(sum.DuplicatesPublished+sum.ReplayedEvents) * 4
+	if sum.SkippedLRU+sum.SkippedPostgres != dups {
+		t.Errorf("skipped %d+%d pairs, want %d (every duplicate record, four handlers)", sum.SkippedLRU, sum.SkippedPostgres, dups)
+	}
+	if sum.MembersCrashed < 1 || sum.MembersLeft < 1 {
+		t.Errorf("members left %d, crashed %d; the demo must churn both ways", sum.MembersLeft, sum.MembersCrashed)
+	}
+
+	fams := <-scraped
+	if fams == nil {
+		t.Fatal("never scraped /metrics while the demo ran")
+	}
+	for _, name := range []string{"onceflow_records_consumed_total", "onceflow_events_applied_total",
+		"onceflow_duplicates_skipped_total", "onceflow_dead_letters_total", "onceflow_batch_records",
+		"onceflow_batch_duration_seconds", "onceflow_transaction_retries_total", "onceflow_rebalance_partitions_total",
+		"onceflow_partition_lag", "onceflow_lru_size", "onceflow_lru_hit_ratio"} {
+		if fams[name] == nil {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if f := fams["onceflow_records_consumed_total"]; f != nil && f.value <= 0 {
+		t.Errorf("onceflow_records_consumed_total = %v while consuming, want > 0", f.value)
+	}
+}
+
+type dtoFamily struct{ value float64 }
+
+// scrapeWhileRunning reads the demo's stderr for the metrics address, then
+// scrapes until it sees records consumed, and sends the parsed families.
+func scrapeWhileRunning(r io.Reader, out chan<- map[string]*dtoFamily) {
+	sc := bufio.NewScanner(r)
+	var url string
+	sent := false
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, "metrics on "); i >= 0 {
+			url = strings.TrimSpace(line[i+len("metrics on "):])
+		}
+		if url == "" || sent || !strings.Contains(line, "consumed") {
+			continue
+		}
+		fams := scrape(url)
+		if f := fams["onceflow_records_consumed_total"]; f != nil && f.value > 0 {
+			out <- fams
+			sent = true
+		}
+	}
+	if !sent {
+		out <- nil
+	}
+}
+
+func scrape(url string) map[string]*dtoFamily {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	parsed, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil
+	}
+	fams := map[string]*dtoFamily{}
+	for name, mf := range parsed {
+		f := &dtoFamily{}
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.GetCounter() != nil:
+				f.value += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				f.value += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				f.value += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+		fams[name] = f
+	}
+	return fams
+}
+
+// A misspelled key or a bad broker address fails at start, naming it.
+func TestBadConfigFailsAtStart(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"misspelled key", []string{"run", "--config", write("typo.yaml", "kafka:\n  brokers: [127.0.0.1:9092]\nbatch:\n  max_recods: 10\n")},
+			[]string{"invalid configuration", "max_recods"}},
+		{"bad broker address", []string{"run", "--brokers", "kafka.internal"},
+			[]string{"kafka.brokers", `"kafka.internal" is not host:port`}},
+		{"two problems at once", []string{"migrate", "--brokers", "nohost", "--log-level", "loud"},
+			[]string{"kafka.brokers", "log.level"}},
+		{"bad demo flags", []string{"demo", "--events", "0", "--partitions", "0"},
+			[]string{"--events 0", "--partitions 0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := runCLI(t, io.Discard, tc.args...)
+			if err == nil {
+				t.Fatal("the command started with a bad configuration")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not name %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
