@@ -124,7 +124,7 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			w.c.log.Warn("dead letter", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "reason", de.Reason)
 			continue
 		}
-		ev.Producer = trace.SpanContextFromContext(cfg.Propagator.Extract(context.Background(), headerCarrier{r}))
+		ev.Producer = trace.SpanContextFromContext(cfg.Propagator.Extract(context.Background(), RecordCarrier{r}))
 		if ev.Producer.IsValid() && len(links) < maxLinks {
 			links = append(links, trace.Link{SpanContext: ev.Producer})
 		}
@@ -308,20 +308,32 @@ func (w *worker) sleep(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// headerCarrier reads W3C trace context from record headers.
-type headerCarrier struct{ r *kgo.Record }
+// RecordCarrier adapts a record's headers to OpenTelemetry propagation, so
+// producers can inject and the consumer extract trace context.
+type RecordCarrier struct{ *kgo.Record }
 
-func (h headerCarrier) Get(key string) string {
-	v, _ := header(h.r, key)
+// Get returns the first header named key.
+func (c RecordCarrier) Get(key string) string {
+	v, _ := header(c.Record, key)
 	return string(v)
 }
 
-func (h headerCarrier) Set(string, string) {}
+// Set replaces (or adds) the header named key.
+func (c RecordCarrier) Set(key, value string) {
+	for i, h := range c.Headers {
+		if h.Key == key {
+			c.Headers[i].Value = []byte(value)
+			return
+		}
+	}
+	c.Headers = append(c.Headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
+}
 
-func (h headerCarrier) Keys() []string {
-	keys := make([]string, len(h.r.Headers))
-	for i, hd := range h.r.Headers {
-		keys[i] = hd.Key
+// Keys lists the header names.
+func (c RecordCarrier) Keys() []string {
+	keys := make([]string, len(c.Headers))
+	for i, h := range c.Headers {
+		keys[i] = h.Key
 	}
 	return keys
 }

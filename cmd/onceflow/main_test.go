@@ -106,29 +106,33 @@ func TestDemoJSONMatchesTablesAndServesMetrics(t *testing.T) {
 
 type dtoFamily struct{ value float64 }
 
-// scrapeWhileRunning reads the demo's stderr for the metrics address, then
-// scrapes until it sees records consumed, and sends the parsed families.
+// scrapeWhileRunning reads the demo's stderr for the metrics address,
+// scrapes on every progress line while the demo runs, and sends the union
+// of the families seen (each with its largest value), or nil if it never
+// scraped. Some families, such as per-partition lag, exist only while a
+// partition is assigned, so one scrape is not enough.
 func scrapeWhileRunning(r io.Reader, out chan<- map[string]*dtoFamily) {
 	sc := bufio.NewScanner(r)
 	var url string
-	sent := false
+	var seen map[string]*dtoFamily
 	for sc.Scan() {
 		line := sc.Text()
 		if i := strings.Index(line, "metrics on "); i >= 0 {
 			url = strings.TrimSpace(line[i+len("metrics on "):])
 		}
-		if url == "" || sent || !strings.Contains(line, "consumed") {
+		if url == "" || !strings.Contains(line, "consumed") {
 			continue
 		}
-		fams := scrape(url)
-		if f := fams["onceflow_records_consumed_total"]; f != nil && f.value > 0 {
-			out <- fams
-			sent = true
+		for name, f := range scrape(url) {
+			if seen == nil {
+				seen = map[string]*dtoFamily{}
+			}
+			if old := seen[name]; old == nil || f.value > old.value {
+				seen[name] = f
+			}
 		}
 	}
-	if !sent {
-		out <- nil
-	}
+	out <- seen
 }
 
 func scrape(url string) map[string]*dtoFamily {
