@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,11 +21,19 @@ type eventAudit struct {
 	EmailsSent int64 `json:"emails_sent"`
 }
 
-func auditEvent(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID) (eventAudit, error) {
+// auditEvent audits one event, listing processed rows in handlers' order.
+func auditEvent(ctx context.Context, pool *pgxpool.Pool, schema string, handlers []string, id uuid.UUID) (eventAudit, error) {
 	a, err := sink.Audit(ctx, pool, schema, id)
 	if err != nil {
 		return eventAudit{}, err
 	}
+	rank := func(h string) int {
+		if i := slices.Index(handlers, h); i >= 0 {
+			return i
+		}
+		return len(handlers)
+	}
+	slices.SortStableFunc(a.Processed, func(x, y sink.Processed) int { return cmp.Compare(rank(x.Handler), rank(y.Handler)) })
 	n, err := orders.EmailsSent(ctx, pool, schema, id)
 	if err != nil {
 		return eventAudit{}, err
@@ -50,7 +60,7 @@ func newAuditCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			res, err := auditEvent(cmd.Context(), pool, a.cfg.Postgres.Schema, id)
+			res, err := auditEvent(cmd.Context(), pool, a.cfg.Postgres.Schema, a.cfg.Handlers, id)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// syncBuffer is a log sink the server writes to while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+type seedServer struct {
+	t      *testing.T
+	base   string
+	logs   *syncBuffer
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func startSeedServer(t *testing.T) *seedServer {
+	dsn := sinktest.DSN(t)
+	pool := sinktest.Pool(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	schema := "test_serve_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	cfg, err := config.Load("", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Postgres.DSN, cfg.Postgres.Schema, cfg.HTTP.Addr = dsn, schema, "127.0.0.1:0"
+	cfg.Batch.Linger = 10 * time.Millisecond
+	logs := &syncBuffer{}
+	a := &app{cfg: cfg, log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := startServe(ctx, a, serveOptions{embeddedKafka: true, partitions: 3})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := s.wait(); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return &seedServer{t: t, base: "http://" + s.addr, logs: logs, pool: pool, schema: schema}
+}
+
+func (s *seedServer) do(method, path string, headers map[string]string, body string) (int, http.Header, map[string]any) {
+	s.t.Helper()
+	req, err := http.NewRequest(method, s.base+path, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		s.t.Fatalf("%s %s answered non-JSON %q", method, path, raw)
+	}
+	return resp.StatusCode, resp.Header, out
+}
+
+func (s *seedServer) post(key, body string) (int, http.Header, map[string]any) {
+	return s.do("POST", "/events-outbox/kafka", map[string]string{"Idempotency-Key": key}, body)
+}
+
+// audit polls GET /audit/event/{id} until cond holds, failing after 30s.
+func (s *seedServer) audit(id string, cond func(map[string]any) bool) map[string]any {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _, a := s.do("GET", "/audit/event/"+id, nil, "")
+		if cond(a) {
+			return a
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("audit of %s never satisfied the condition; last: %v", id, a)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// drained waits until the consumer has committed every record the outbox
+// and the replays published.
+func (s *seedServer) drained() {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pub := sinktest.Count(s.t, s.pool, `SELECT coalesce(sum(publishes), 0)::bigint FROM `+s.schema+`.outbox`)
+		done := sinktest.Count(s.t, s.pool, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+s.schema+`.sink_offsets`)
+		if done >= pub {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("consumer committed %d of %d published records", done, pub)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func processed(a map[string]any) []any { p, _ := a["processed"].([]any); return p }
+
+func handlersOf(a map[string]any) []string {
+	var hs []string
+	for _, p := range processed(a) {
+		row := p.(map[string]any)
+		hs = append(hs, row["handler"].(string))
+	}
+	return hs
+}
+
+func (s *seedServer) skips(id string) []string {
+	var hs []string
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil || rec["msg"] != "dedup.skip" || rec["event_id"] != id {
+			continue
+		}
+		if rec["step"] != "dedup.skip" || rec["bus"] != "kafka" {
+			s.t.Errorf("dedup.skip line lacks step/bus: %v", rec)
+		}
+		hs = append(hs, rec["handler"].(string))
+	}
+	return hs
+}
+
+const order = `{"user_id":1,"items":["A"]}`
+
+var seedHandlers = []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}
+
+// The seed's walkthroughs 5.1 (first processing), 5.2 (a replay is
+// deduplicated) and 5.3 (one Idempotency-Key twice), over real HTTP.
+func TestSeedWalkthroughs(t *testing.T) {
+	s := startSeedServer(t)
+
+	// 5.1: one event, four processed rows, one email.
+	id := "7f8a0000-0000-0000-0000-000000000001"
+	code, _, body := s.post(id, order)
+	if code != 200 || body["event_id"] != id || body["status"] != "accepted" {
+		t.Fatalf("5.1 POST: %d %v", code, body)
+	}
+	a := s.audit(id, func(a map[string]any) bool { return len(processed(a)) == 4 })
+	if got := strings.Join(handlersOf(a), ","); got != strings.Join(seedHandlers, ",") {
+		t.Errorf("5.1 processed handlers = %s, want %v", got, seedHandlers)
+	}
+	for _, p := range processed(a) {
+		if p.(map[string]any)["bus"] != "kafka" {
+			t.Errorf("5.1 processed row %v: bus is not kafka", p)
+		}
+	}
+	if a["emails_sent"] != float64(1) {
+		t.Errorf("5.1 emails_sent = %v, want 1", a["emails_sent"])
+	}
+
+	// 5.2: replay the same event: still four rows, one email, and
+	// dedup.skip logged for each handler.
+	code, _, body = s.do("POST", "/demo/replay-event/"+id, nil, "")
+	if code != 200 || body["status"] != "replayed" || body["event_id"] != id || body["note"] == "" {
+		t.Fatalf("5.2 replay: %d %v", code, body)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(s.skips(id)) < 4 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := s.skips(id); strings.Join(got, ",") != strings.Join(seedHandlers, ",") {
+		t.Errorf("5.2 dedup.skip logged for %v, want each of %v once", got, seedHandlers)
+	}
+	a = s.audit(id, func(map[string]any) bool { return true })
+	if len(processed(a)) != 4 || a["emails_sent"] != float64(1) {
+		t.Errorf("5.2 after replay: %d processed rows, %v emails; want 4 and 1", len(processed(a)), a["emails_sent"])
+	}
+
+	// 5.3: the same Idempotency-Key twice: both 200 with the same answer,
+	// one outbox row, four processed rows.
+	key := "7f8a0000-0000-0000-0000-000000000002"
+	c1, _, b1 := s.post(key, order)
+	c2, h2, b2 := s.post(key, order)
+	if c1 != 200 || c2 != 200 || b1["order_id"] != b2["order_id"] || b1["event_id"] != b2["event_id"] {
+		t.Fatalf("5.3 answers: %d %v, then %d %v; want two identical 200s", c1, b1, c2, b2)
+	}
+	if h2.Get("Idempotent-Replayed") != "true" {
+		t.Error("5.3 second answer lacks Idempotent-Replayed: true")
+	}
+	a = s.audit(key, func(a map[string]any) bool { return len(processed(a)) == 4 })
+	if ob := a["outbox"].(map[string]any); ob["count"] != float64(1) {
+		t.Errorf("5.3 outbox.count = %v, want 1", ob["count"])
+	}
+	s.drained()
+	if a = s.audit(key, func(map[string]any) bool { return true }); len(processed(a)) != 4 || a["emails_sent"] != float64(1) {
+		t.Errorf("5.3: %d processed rows, %v emails; want 4 and 1", len(processed(a)), a["emails_sent"])
+	}
+}
+
+func TestIngestRejectsBadRequests(t *testing.T) {
+	s := startSeedServer(t)
+	for _, tc := range []struct {
+		name    string
+		path    string
+		headers map[string]string
+		body    string
+		code    int
+		want    string
+	}{
+		{"other bus", "/events-outbox/rabbitmq", map[string]string{"Idempotency-Key": "7f8a0000-0000-0000-0000-0000000000a1"}, order, 400, `only "kafka"`},
+		{"no key", "/events-outbox/kafka", nil, order, 400, "Idempotency-Key header is required"},
+		{"bad key", "/events-outbox/kafka", map[string]string{"Idempotency-Key": "abc"}, order, 400, `"abc" is not a UUID`},
+		{"bad body", "/events-outbox/kafka", map[string]string{"Idempotency-Key": "7f8a0000-0000-0000-0000-0000000000a2"}, `{"user_id":1}`, 400, "items is empty"},
+		{"not json", "/events-outbox/kafka", map[string]string{"Idempotency-Key": "7f8a0000-0000-0000-0000-0000000000a3"}, `user=1`, 400, "not an order"},
+		{"unknown replay", "/demo/replay-event/7f8a0000-0000-0000-0000-0000000000a4", nil, "", 404, "no event"},
+		{"bad audit id", "/audit/event/xyz", nil, "", 400, "not a UUID"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			method := "POST"
+			if strings.HasPrefix(tc.path, "/audit") {
+				method = "GET"
+			}
+			code, _, body := s.do(method, tc.path, tc.headers, tc.body)
+			msg, _ := body["error"].(string)
+			if code != tc.code || !strings.Contains(msg, tc.want) {
+				t.Errorf("got %d %q, want %d with %q", code, msg, tc.code, tc.want)
+			}
+		})
+	}
+	// The same key with another order is refused, and the first stays.
+	key := "7f8a0000-0000-0000-0000-0000000000a5"
+	if code, _, _ := s.post(key, order); code != 200 {
+		t.Fatalf("first POST: %d", code)
+	}
+	if code, _, body := s.post(key, `{"user_id":2,"items":["B"]}`); code != 422 {
+		t.Errorf("same key, other order: %d %v, want 422", code, body)
+	}
+}

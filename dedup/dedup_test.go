@@ -1,0 +1,108 @@
+package dedup_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+func TestCache(t *testing.T) {
+	var disabled *dedup.Cache
+	k := dedup.Key{EventID: uuid.New(), Handler: "h"}
+	disabled.Remember([]dedup.Key{k})
+	if disabled.Seen(k) {
+		t.Error("a nil cache reported a key as seen")
+	}
+	if c, err := dedup.New(0); err != nil || c != nil {
+		t.Errorf("New(0) = %v, %v; want nil, nil (disabled)", c, err)
+	}
+	if _, err := dedup.New(-1); err == nil {
+		t.Error("New(-1) returned no error")
+	}
+
+	c, err := dedup.New(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, d := dedup.Key{EventID: uuid.New(), Handler: "h"}, dedup.Key{EventID: uuid.New(), Handler: "h"}, dedup.Key{EventID: uuid.New(), Handler: "h"}
+	if c.Seen(a) {
+		t.Fatal("an empty cache saw a key")
+	}
+	c.Remember([]dedup.Key{a, b})
+	if !c.Seen(a) || !c.Seen(b) {
+		t.Fatal("remembered keys are not seen")
+	}
+	if c.Seen(dedup.Key{EventID: a.EventID, Handler: "other"}) {
+		t.Error("the same event under another handler was seen: keys must include the handler")
+	}
+	c.Remember([]dedup.Key{d}) // evicts the least recently used
+	if got := c.Stats().Len; got != 2 {
+		t.Errorf("Len = %d, want 2 (bounded)", got)
+	}
+	if s := c.Stats(); s.Hits != 2 || s.Misses != 2 {
+		t.Errorf("stats = %+v, want 2 hits and 2 misses", s)
+	}
+}
+
+func TestClaim(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	table := pgx.Identifier{schema, "processed_events"}.Sanitize()
+	ctx := t.Context()
+	x, y := uuid.New(), uuid.New()
+	claim := func(keys ...dedup.Key) []bool {
+		t.Helper()
+		var got []bool
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			got, err = dedup.Claim(ctx, tx, table, "kafka", "", keys)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	kx, ky := dedup.Key{EventID: x, Handler: "a"}, dedup.Key{EventID: y, Handler: "a"}
+	kxb := dedup.Key{EventID: x, Handler: "b"}
+
+	for _, tc := range []struct {
+		name string
+		keys []dedup.Key
+		want []bool
+	}{
+		{"new keys, one repeated in the batch", []dedup.Key{kx, kx, kxb}, []bool{true, false, true}},
+		{"already claimed, and one new", []dedup.Key{kxb, ky, kx}, []bool{false, true, false}},
+		{"nothing", nil, []bool{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := claim(tc.keys...)
+			if len(got) != len(tc.want) {
+				t.Fatalf("claimed %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Errorf("key %d claimed = %v, want %v", i, got[i], tc.want[i])
+				}
+			}
+		})
+	}
+	// A claim whose transaction rolls back claims nothing.
+	z := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := dedup.Claim(ctx, tx, table, "kafka", "", []dedup.Key{z}); err != nil || !got[0] {
+		t.Fatalf("claim in a transaction: %v, %v", got, err)
+	}
+	_ = tx.Rollback(context.Background())
+	if got := claim(z); !got[0] {
+		t.Error("a key claimed by a rolled-back transaction could not be claimed again")
+	}
+}
