@@ -16,10 +16,12 @@ build: ## build bin/onceflow
 demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
 	$(GO) run ./cmd/onceflow demo $(ARGS)
 
-test: up-postgres up-kafka ## the whole suite, race detector on, on kfake and on a real Kafka
-	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) $(GO) test -race -shuffle=on -count=1 $(PKGS)
+test: up-postgres up-kafka up-jaeger ## the whole suite, race detector on: real Postgres, kfake and real Kafka, real Jaeger
+	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) \
+	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \
+	$(GO) test -race -shuffle=on -count=1 $(PKGS)
 
-test-kfake: up-postgres ## the suite on kfake only (no Java needed)
+test-kfake: up-postgres ## the suite on kfake only (no Java, no Jaeger build)
 	ONCEFLOW_TEST_KFAKE_ONLY=1 $(GO) test -race -shuffle=on -count=1 $(PKGS)
 
 lint: ## go vet and gofmt
@@ -35,7 +37,7 @@ up-postgres:
 up-kafka:
 	@infra/kafka.sh start >/dev/null
 up-jaeger: ## build (first time) and start Jaeger v2 on 127.0.0.1
-	@infra/jaeger.sh start
+	@infra/jaeger.sh start >/dev/null
 
 down: ## stop Kafka and Jaeger (Postgres is the machine's; infra/postgres.sh stop)
 	-@infra/kafka.sh stop

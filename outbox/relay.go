@@ -161,17 +161,20 @@ func (r *Relay) Publish(ctx context.Context, topic string, id uuid.UUID, payload
 	return r.cl.ProduceSync(ctx, rec).FirstErr()
 }
 
-// record builds the Kafka record of an event, with a producer span that is
-// a child of traceparent (or of ctx), injected into its headers.
+// record builds the Kafka record of an event, with a span "outbox.relay"
+// that is a child of traceparent (or of ctx), injected into its headers.
 func (r *Relay) record(ctx context.Context, topic string, id uuid.UUID, payload []byte, traceparent string) (*kgo.Record, trace.Span) {
 	if traceparent != "" {
 		ctx = r.cfg.Propagator.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent})
 	}
-	ctx, span := r.tracer.Start(ctx, topic+" publish", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+	ctx, span := r.tracer.Start(ctx, "outbox.relay", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 		attribute.String("messaging.system", "kafka"),
 		attribute.String("messaging.destination.name", topic),
 		attribute.String("messaging.message.id", id.String())))
 	rec := processor.NewRecord(topic, id, payload)
+	// A tracing hook on the client (kotel) starts its publish span from
+	// rec.Context and re-injects; without one, this span is the producer's.
+	rec.Context = ctx
 	r.cfg.Propagator.Inject(ctx, processor.RecordCarrier{Record: rec})
 	return rec, span
 }

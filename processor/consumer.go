@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -357,7 +358,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopAll(false)
 	dctx, cancel := context.WithTimeout(base, c.cfg.DrainTimeout)
 	defer cancel()
-	if err := cl.CommitMarkedOffsets(dctx); err != nil {
+	if err := c.commit(dctx, cl, "shutdown"); err != nil {
 		c.log.Warn("commit offsets on shutdown", "err", err)
 	}
 	cl.Close() // leaves the group
@@ -446,12 +447,23 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	if c.aborting.Load() {
 		return
 	}
-	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+	if err := c.commit(ctx, cl, "revoke"); err != nil {
 		c.log.Warn("commit offsets on revoke", "err", err)
 	}
 	if n > 0 {
 		c.log.Info("partitions revoked", "partitions", revoked)
 	}
+}
+
+// commit synchronously commits the marked offsets, in a span of its own.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error {
+	ctx, span := c.tracer.Start(ctx, "kafka.commit_offsets", trace.WithAttributes(attribute.String("onceflow.reason", why)))
+	defer span.End()
+	err := cl.CommitMarkedOffsets(ctx)
+	if err != nil {
+		span.RecordError(err)
+	}
+	return err
 }
 
 func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {

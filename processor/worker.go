@@ -174,7 +174,12 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			// transaction; publish them before the Kafka offset moves.
 			w.publishRejected(ctx, b.DeadLetters[decoded:])
 			if !w.c.aborting.Load() {
+				// Only now may Kafka learn of the batch: marked offsets are
+				// committed in the background, on revoke and on shutdown.
+				_, mark := w.c.tracer.Start(ctx, "kafka.mark_offset",
+					trace.WithAttributes(attribute.Int64("messaging.kafka.offset", b.NextOffset)))
 				w.cl.MarkCommitRecords(last)
+				mark.End()
 			}
 			w.count(res)
 			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),

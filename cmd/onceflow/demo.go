@@ -155,6 +155,12 @@ func runDemo(ctx context.Context, a *app, o demoOptions, serveMetrics bool, stdo
 	start := time.Now()
 	progress := func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 
+	shutdownTracing, err := a.startTracing(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
+	tp := a.tp
 	pool, err := a.openPool(ctx, max(a.cfg.Postgres.PoolSize, 2))
 	if err != nil {
 		return err
@@ -195,19 +201,13 @@ func runDemo(ctx context.Context, a *app, o demoOptions, serveMetrics bool, stdo
 	progress("publishing %d records: %d unique order events, %d redeliveries among them, then a replay of %d",
 		total, o.events, len(stream.Messages)-o.events, len(replay))
 
-	tp, shutdownTracing, err := setupTracing(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = shutdownTracing(context.WithoutCancel(ctx)) }()
-
 	m := newMetrics()
 	var pubErr error
 	published := make(chan struct{})
 	var sent atomic.Int64
 	go func() {
 		defer close(published)
-		pubErr = publish(ctx, brokers, topic, stream.Messages, replay, &sent)
+		pubErr = publish(ctx, brokers, topic, stream.Messages, replay, &sent, a.kafkaTracing("demo-producer")...)
 	}()
 
 	var (
@@ -230,7 +230,7 @@ func runDemo(ctx context.Context, a *app, o demoOptions, serveMetrics bool, stdo
 		name := fmt.Sprintf("member-%d", len(all)+1)
 		cfg := a.consumerConfig(brokers, name, tp, m)
 		cfg.SessionTimeout, cfg.RebalanceTimeout = 3*time.Second, 10*time.Second
-		cfg.KafkaOptions = []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond)}
+		cfg.KafkaOptions = append(cfg.KafkaOptions, kgo.MetadataMinAge(100*time.Millisecond), kgo.HeartbeatInterval(300*time.Millisecond))
 		c, err := processor.New(cfg, w)
 		if err != nil {
 			return err
@@ -408,8 +408,9 @@ onceflow demo summary (read back from Postgres schema %s)
 }
 
 // publish produces msgs in ten slices, then the replay.
-func publish(ctx context.Context, brokers []string, topic string, msgs, replay []orders.Message, sent *atomic.Int64) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(5*time.Millisecond))
+func publish(ctx context.Context, brokers []string, topic string, msgs, replay []orders.Message, sent *atomic.Int64, opts ...kgo.Opt) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
+		kgo.ProducerLinger(5 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return err
 	}

@@ -12,9 +12,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/sink"
@@ -91,8 +93,10 @@ Configuration: a YAML file (--config), ONCEFLOW_* environment variables
 
 // app is what every command starts from: the loaded config and a logger.
 type app struct {
-	cfg config.Config
-	log *slog.Logger
+	cfg     config.Config
+	log     *slog.Logger
+	tp      trace.TracerProvider // set by startTracing; nil until then
+	tracing bool
 }
 
 func load(cmd *cobra.Command) (*app, error) {
@@ -123,6 +127,9 @@ func (a *app) openPool(ctx context.Context, size int) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("postgres.dsn %s: not a valid connection string", config.RedactDSN(a.cfg.Postgres.DSN))
 	}
 	pc.MaxConns = int32(size)
+	if a.tracing {
+		pc.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(a.tp))
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err == nil {
 		err = pool.Ping(ctx)

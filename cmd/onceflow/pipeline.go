@@ -43,6 +43,7 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 		DeadLetterTopic: k.DeadLetterTopic,
 		CommitInterval:  k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
 		Logger: a.log, TracerProvider: tp, OnBatch: m.onBatch,
+		KafkaOptions: a.kafkaTracing(name),
 	}
 }
 

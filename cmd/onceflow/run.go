@@ -28,10 +28,11 @@ committing; Postgres keeps what committed, and the next owner resumes there.`,
 			if err != nil {
 				return err
 			}
-			tp, shutdownTracing, err := setupTracing(ctx)
+			shutdownTracing, err := a.startTracing(ctx)
 			if err != nil {
 				return err
 			}
+			tp := a.tp
 			defer func() {
 				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				defer cancel()

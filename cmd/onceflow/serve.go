@@ -87,10 +87,11 @@ func startServe(ctx context.Context, a *app, o serveOptions) (*server, error) {
 			cleanup()
 		}
 	}()
-	tp, shutdownTracing, err := setupTracing(ctx)
+	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
 		return nil, err
 	}
+	tp := a.tp
 	closers = append(closers, func() { _ = shutdownTracing(context.WithoutCancel(ctx)) })
 	pool, err := a.openPool(ctx, a.cfg.Postgres.PoolSize+1)
 	if err != nil {
@@ -132,8 +133,8 @@ func startServe(ctx context.Context, a *app, o serveOptions) (*server, error) {
 		return nil, err
 	}
 	m.add(consumer, cache)
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID(a.cfg.Kafka.ClientID+"-relay"),
-		kgo.ProducerLinger(2*time.Millisecond))
+	pcl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(a.cfg.Kafka.ClientID + "-relay"),
+		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaTracing(a.cfg.Kafka.ClientID+"-relay")...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
@@ -271,6 +272,10 @@ func (h *api) audit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *api) replay(w http.ResponseWriter, r *http.Request) {
+	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := h.tracer.Start(ctx, "POST /demo/replay-event/{id}", trace.WithSpanKind(trace.SpanKindServer))
+	defer span.End()
+	r = r.WithContext(ctx)
 	id, ok := parseID(r.PathValue("id"))
 	if !ok {
 		writeError(w, http.StatusBadRequest, "event id %q is not a UUID", r.PathValue("id"))

@@ -39,6 +39,7 @@ type seedServer struct {
 	logs   *syncBuffer
 	pool   *pgxpool.Pool
 	schema string
+	stop   func() // stops the server and flushes its spans; idempotent
 }
 
 func startSeedServer(t *testing.T) *seedServer {
@@ -62,13 +63,17 @@ func startSeedServer(t *testing.T) *seedServer {
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		if err := s.wait(); err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return &seedServer{t: t, base: "http://" + s.addr, logs: logs, pool: pool, schema: schema}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := s.wait(); err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return &seedServer{t: t, base: "http://" + s.addr, logs: logs, pool: pool, schema: schema, stop: stop}
 }
 
 func (s *seedServer) do(method, path string, headers map[string]string, body string) (int, http.Header, map[string]any) {

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -18,17 +20,41 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
-// setupTracing returns the TracerProvider the pipeline uses, configured by
+// startTracing sets up tracing for a and returns the flush function.
+func (a *app) startTracing(ctx context.Context) (func(context.Context) error, error) {
+	tp, on, shutdown, err := tracing(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a.tp, a.tracing = tp, on
+	if on {
+		a.log.Info("tracing on", "service", serviceName())
+	}
+	return shutdown, nil
+}
+
+// kafkaTracing returns the kgo options that trace produce and receive
+// through kotel, when tracing is on.
+func (a *app) kafkaTracing(clientID string) []kgo.Opt {
+	if !a.tracing {
+		return nil
+	}
+	k := kotel.NewKotel(kotel.WithTracer(kotel.NewTracer(kotel.TracerProvider(a.tp),
+		kotel.ClientID(clientID), kotel.ConsumerGroup(a.cfg.Kafka.Group))))
+	return []kgo.Opt{kgo.WithHooks(k.Hooks()...)}
+}
+
+// tracing returns the TracerProvider the pipeline uses, configured by
 // the standard OpenTelemetry environment: tracing is on when
 // OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set
 // (and OTEL_TRACES_EXPORTER is not "none"), over OTLP/HTTP by default or
 // gRPC with OTEL_EXPORTER_OTLP_PROTOCOL=grpc. Off, it is a no-op provider
 // that costs nothing. shutdown flushes pending spans.
-func setupTracing(ctx context.Context) (tp trace.TracerProvider, shutdown func(context.Context) error, err error) {
+func tracing(ctx context.Context) (tp trace.TracerProvider, on bool, shutdown func(context.Context) error, err error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	endpoint := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") + os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 	if endpoint == "" || os.Getenv("OTEL_TRACES_EXPORTER") == "none" {
-		return noop.NewTracerProvider(), func(context.Context) error { return nil }, nil
+		return noop.NewTracerProvider(), false, func(context.Context) error { return nil }, nil
 	}
 	protocol := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 	if protocol == "" {
@@ -41,10 +67,10 @@ func setupTracing(ctx context.Context) (tp trace.TracerProvider, shutdown func(c
 	case "grpc":
 		exp, err = otlptracegrpc.New(ctx)
 	default:
-		return nil, nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want grpc or http/protobuf", protocol)
+		return nil, false, nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want grpc or http/protobuf", protocol)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("otlp trace exporter: %w", err)
+		return nil, false, nil, fmt.Errorf("otlp trace exporter: %w", err)
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", serviceName())))
 	if err != nil {
@@ -52,7 +78,7 @@ func setupTracing(ctx context.Context) (tp trace.TracerProvider, shutdown func(c
 	}
 	provider := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(provider)
-	return provider, provider.Shutdown, nil
+	return provider, true, provider.Shutdown, nil
 }
 
 func serviceName() string {
