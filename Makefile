@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench up down up-postgres up-kafka up-jaeger
+.PHONY: help build demo test test-kfake lint fuzz bench bench-full up down up-postgres up-kafka up-jaeger
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,13 @@ test-kfake: up-postgres ## the suite on kfake only (no Java, no Jaeger build)
 lint: ## go vet and gofmt
 	$(GO) vet $(PKGS)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+bench: up-postgres ## end-to-end benchmark, short mode (under 2 minutes): benchmarks/out/
+	$(GO) run ./benchmarks -short -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)"
+	$(GO) test ./dedup -run '^$$' -bench . -benchtime 2s
+
+bench-full: up-postgres ## the full benchmark behind the README's figures: benchmarks/results/
+	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results
 
 fuzz: ## fuzz the record decoder for 30s
 	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -338,10 +339,11 @@ func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLet
 	n := len(dls)
 	topics, reasons := make([]string, n), make([]string, n)
 	parts, offsets := make([]int32, n), make([]int64, n)
-	ids := make([]uuid.NullUUID, n)
+	ids := make([]pgtype.UUID, n) // binary encoding; uuid.NullUUID would be text
 	keys, values := make([][]byte, n), make([][]byte, n)
 	for i, d := range dls {
-		topics[i], parts[i], offsets[i], ids[i] = d.Topic, d.Partition, d.Offset, d.EventID
+		topics[i], parts[i], offsets[i] = d.Topic, d.Partition, d.Offset
+		ids[i] = pgtype.UUID{Bytes: d.EventID.UUID, Valid: d.EventID.Valid}
 		reasons[i], keys[i], values[i] = d.Reason, d.Key, d.Value
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO `+w.dead+`

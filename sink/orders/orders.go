@@ -114,7 +114,7 @@ func (h *handler) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) err
 }
 
 func applyEmail(ctx context.Context, tx pgx.Tx, table string, events []sink.Event, orders []Order) error {
-	ids := make([]uuid.UUID, len(events))
+	ids := make([][16]byte, len(events)) // binary encoding, unlike uuid.UUID
 	users := make([]int64, len(events))
 	subjects := make([]string, len(events))
 	for i, e := range events {

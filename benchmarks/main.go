@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/sink/orders"
+)
+
+type options struct {
+	brokers     string
+	dsn         string
+	events      int
+	duplicates  float64
+	partitions  int
+	members     int
+	handlers    []string
+	batch       int
+	poolSize    int
+	stormEvery  time.Duration
+	naiveEvents int
+	scenarios   []string
+	baselines   bool
+	out         string
+	seed        uint64
+	short       bool
+}
+
+func parseFlags() (options, error) {
+	var o options
+	var handlers, scenarios string
+	flag.StringVar(&o.brokers, "brokers", "", "a real Kafka's brokers (host:port,...); empty: an embedded kfake cluster")
+	flag.StringVar(&o.dsn, "dsn", envOr("ONCEFLOW_POSTGRES_DSN", "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode=disable"), "Postgres")
+	flag.IntVar(&o.events, "events", 500000, "unique events per scenario")
+	flag.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries among them, per event")
+	flag.IntVar(&o.partitions, "partitions", 12, "partitions of the topic")
+	flag.IntVar(&o.members, "members", 3, "group members at once")
+	flag.StringVar(&handlers, "handlers", orders.Email, "comma-separated handlers applied to each event")
+	flag.IntVar(&o.batch, "batch", 1000, "batch.max_records")
+	flag.IntVar(&o.poolSize, "pool", 4, "Postgres connections")
+	flag.DurationVar(&o.stormEvery, "storm-every", 2*time.Second, "membership change interval in the storm scenario")
+	flag.IntVar(&o.naiveEvents, "naive-events", 20000, "unique events for the per-record baselines (they are slow)")
+	flag.StringVar(&scenarios, "scenarios", "steady,storm,replay", "scenarios to run")
+	flag.BoolVar(&o.baselines, "baselines", true, "run the baselines too")
+	flag.StringVar(&o.out, "out", "benchmarks/out", "output directory")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the generated events")
+	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
+	flag.Parse()
+	if o.short {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["events"] {
+			o.events = 60000
+		}
+		if !set["naive-events"] {
+			o.naiveEvents = 2000
+		}
+		if !set["storm-every"] {
+			o.stormEvery = 500 * time.Millisecond
+		}
+		if !set["partitions"] {
+			o.partitions = 6
+		}
+	}
+	o.handlers = strings.Split(handlers, ",")
+	o.scenarios = strings.Split(scenarios, ",")
+	var ps []error
+	if o.events < 1 || o.naiveEvents < 1 {
+		ps = append(ps, errors.New("-events and -naive-events must be at least 1"))
+	}
+	if o.partitions < 1 || o.members < 1 || o.batch < 1 || o.poolSize < 1 {
+		ps = append(ps, errors.New("-partitions, -members, -batch and -pool must be at least 1"))
+	}
+	if _, err := orders.Handlers("public", o.handlers...); err != nil {
+		ps = append(ps, fmt.Errorf("-handlers: %w", err))
+	}
+	for _, s := range o.scenarios {
+		if s != "steady" && s != "storm" && s != "replay" {
+			ps = append(ps, fmt.Errorf("-scenarios: unknown scenario %q (steady, storm, replay)", s))
+		}
+	}
+	return o, errors.Join(ps...)
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+// Report is results.json.
+type Report struct {
+	Command   string    `json:"command"`
+	Machine   string    `json:"machine"`
+	Broker    string    `json:"broker"`
+	Handlers  []string  `json:"handlers"`
+	StartedAt time.Time `json:"started_at"`
+	Runs      []*Run    `json:"runs"`
+	Ratios    []Ratio   `json:"ratios"`
+}
+
+// Ratio compares a scenario's unique-events rate with a baseline's.
+type Ratio struct {
+	Scenario string  `json:"scenario"`
+	Baseline string  `json:"baseline"`
+	Ratio    float64 `json:"ratio"`
+}
+
+func main() {
+	o, err := parseFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	pool, err := pgxpool.New(ctx, o.dsn)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("postgres does not answer (%v); start it with infra/postgres.sh start", err)
+	}
+	pool.Close()
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	broker := "kfake (embedded)"
+	if o.brokers != "" {
+		broker = "Apache Kafka at " + o.brokers
+	}
+	rep := &Report{Command: "go run ./benchmarks " + strings.Join(os.Args[1:], " "), Machine: machine(),
+		Broker: broker, Handlers: o.handlers, StartedAt: time.Now().UTC()}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b := &bench{o: o, log: log}
+
+	for _, s := range o.scenarios {
+		r, err := b.scenario(ctx, s)
+		if err != nil {
+			return fmt.Errorf("scenario %s: %w", s, err)
+		}
+		rep.Runs = append(rep.Runs, r)
+	}
+	if o.baselines {
+		for _, name := range []string{"ceiling", "per-record-dedup", "naive-per-record"} {
+			r, err := b.baseline(ctx, name)
+			if err != nil {
+				return fmt.Errorf("baseline %s: %w", name, err)
+			}
+			rep.Runs = append(rep.Runs, r)
+		}
+	}
+	rates := map[string]float64{}
+	for _, r := range rep.Runs {
+		rates[r.Name] = r.UniqueEventsPerSec
+	}
+	for _, s := range o.scenarios {
+		for _, base := range []string{"ceiling", "per-record-dedup", "naive-per-record"} {
+			if rates[base] > 0 {
+				rep.Ratios = append(rep.Ratios, Ratio{s, base, rates[s] / rates[base]})
+			}
+		}
+	}
+	if err := writeOutputs(o.out, rep); err != nil {
+		return err
+	}
+	failed := 0
+	for _, r := range rep.Runs {
+		if r.Kind == "scenario" && !r.ExactlyOnce {
+			failed++
+			fmt.Fprintf(os.Stderr, "benchmarks: scenario %s: effects NOT exactly once: %v\n", r.Name, r.Problems)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s\n", strings.Join([]string{filepath.Join(o.out, "results.json"), filepath.Join(o.out, "results.md"),
+		filepath.Join(o.out, "throughput-*.png")}, ", "))
+	if failed > 0 {
+		return fmt.Errorf("%d scenarios failed the exactly-once check", failed)
+	}
+	return nil
+}
+
+func machine() string {
+	model := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				model = strings.TrimSpace(strings.SplitN(line, ":", 2)[1])
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
+		mem = fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
+	}
+	return fmt.Sprintf("%d cores (%s), %s RAM, %s, %s", runtime.NumCPU(), model, mem, runtime.Version(), "PostgreSQL 15 (local)")
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
