@@ -37,6 +37,7 @@ type options struct {
 	out         string
 	seed        uint64
 	short       bool
+	replot      string
 }
 
 func parseFlags() (options, error) {
@@ -57,6 +58,7 @@ func parseFlags() (options, error) {
 	flag.BoolVar(&o.baselines, "baselines", true, "run the baselines too")
 	flag.StringVar(&o.out, "out", "benchmarks/out", "output directory")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the generated events")
+	flag.StringVar(&o.replot, "replot", "", "only redraw results.md and the plots in -out from this results.json")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
 	if o.short {
@@ -125,6 +127,13 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
 		os.Exit(2)
+	}
+	if o.replot != "" {
+		if err := replot(o.replot, o.out); err != nil {
+			fmt.Fprintln(os.Stderr, "benchmarks:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -198,6 +207,18 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("%d scenarios failed the exactly-once check", failed)
 	}
 	return nil
+}
+
+func replot(from, out string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fmt.Errorf("%s: %w", from, err)
+	}
+	return writeOutputs(out, &rep)
 }
 
 func machine() string {

@@ -75,15 +75,19 @@ func markdown(rep *Report) string {
 
 func plotRun(path string, r *Run, handlers int) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("onceflow %s: throughput over time", r.Name)
+	p.Title.Text = fmt.Sprintf("onceflow %s: throughput over time (1 s windows)", r.Name)
 	p.X.Label.Text = "seconds"
 	p.Y.Label.Text = "per second"
 	applied, consumed := plotter.XYs{}, plotter.XYs{}
 	maxY := 1.0
+	// Rates over a one-second window (four samples): fetches arrive in
+	// bursts, so shorter windows mostly show the bursts.
+	const window = 4
 	for i := 1; i < len(r.Samples); i++ {
-		dt := r.Samples[i].T - r.Samples[i-1].T
-		a := float64(r.Samples[i].Applied-r.Samples[i-1].Applied) / float64(max(handlers, 1)) / dt
-		c := float64(r.Samples[i].Consumed-r.Samples[i-1].Consumed) / dt
+		j := max(0, i-window)
+		dt := r.Samples[i].T - r.Samples[j].T
+		a := float64(r.Samples[i].Applied-r.Samples[j].Applied) / float64(max(handlers, 1)) / dt
+		c := float64(r.Samples[i].Consumed-r.Samples[j].Consumed) / dt
 		applied = append(applied, plotter.XY{X: r.Samples[i].T, Y: a})
 		consumed = append(consumed, plotter.XY{X: r.Samples[i].T, Y: c})
 		maxY = max(maxY, a, c)
@@ -102,6 +106,7 @@ func plotRun(path string, r *Run, handlers int) error {
 	p.Legend.Add("unique events applied/s", la)
 	p.Legend.Add("records consumed/s", lc)
 	p.Legend.Top = true
+	p.Legend.Left = true
 	colors := map[string]color.RGBA{"join": {G: 0x99, A: 255}, "leave": {R: 0xff, G: 0x99, A: 255},
 		"crash": {R: 0xd6, G: 0x27, B: 0x28, A: 255}, "reset": {R: 0x94, G: 0x67, B: 0xbd, A: 255}}
 	seen := map[string]bool{}
