@@ -19,10 +19,10 @@ demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
 test: up-postgres up-kafka up-jaeger ## the whole suite, race detector on: real Postgres, kfake and real Kafka, real Jaeger
 	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) \
 	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \
-	$(GO) test -race -shuffle=on -count=1 $(PKGS)
+	infra/gotest.sh -race -shuffle=on -count=1 $(PKGS)
 
 test-kfake: up-postgres ## the suite on kfake only (no Java, no Jaeger build)
-	ONCEFLOW_TEST_KFAKE_ONLY=1 $(GO) test -race -shuffle=on -count=1 $(PKGS)
+	ONCEFLOW_TEST_KFAKE_ONLY=1 infra/gotest.sh -race -shuffle=on -count=1 $(PKGS)
 
 lint: ## go vet and gofmt
 	$(GO) vet $(PKGS)

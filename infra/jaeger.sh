@@ -36,6 +36,10 @@ build() {
 
 start() {
   if running && ready; then echo "jaeger running: OTLP http://127.0.0.1:4318, query http://127.0.0.1:16686"; return; fi
+  if (exec 3<>/dev/tcp/127.0.0.1/16686) 2>/dev/null || (exec 3<>/dev/tcp/127.0.0.1/4318) 2>/dev/null; then
+    echo "infra/jaeger.sh: 127.0.0.1:16686 or :4318 is in use by a process this script did not start (pid file $pidfile)" >&2
+    exit 1
+  fi
   build
   mkdir -p "$dir"
   nohup "$bin" --config "file:$here/jaeger/config.yaml" >"$dir/jaeger.log" 2>&1 &

@@ -39,6 +39,10 @@ java_run() { java "-Xms$heap" "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true 
 
 start() {
   if running && ready; then echo "127.0.0.1:$port"; return; fi
+  if ready; then
+    echo "infra/kafka.sh: 127.0.0.1:$port is in use by a process this script did not start (pid file $pidfile); stop it or set KAFKA_PORT" >&2
+    exit 1
+  fi
   command -v java >/dev/null || { echo "infra/kafka.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
   resolve
   mkdir -p "$dir/data" "$dir/logs"
