@@ -349,10 +349,10 @@ func (b *bench) scenario(ctx context.Context, name string) (*Run, error) {
 			}
 			if name == "replay" && !reset && done >= total/2 {
 				reset = true
+				r.Marks = append(r.Marks, Mark{since(), "reset"}) // the stop is part of what recovers
 				if err := b.rewind(ctx, g, e); err != nil {
 					return nil, err
 				}
-				r.Marks = append(r.Marks, Mark{since(), "reset"})
 				continue
 			}
 			if done >= total && (name != "replay" || reset) {
