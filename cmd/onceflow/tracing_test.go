@@ -89,6 +89,8 @@ func jaegerSpans(t *testing.T, base, service string, since time.Time) []otlpSpan
 // compare-and-set, COMMIT and the Kafka offset as its children. A replay's
 // batch carries the dedup.skip event, and processed_events keeps the trace
 // id that applied the event.
+// Both OTLP transports are checked: HTTP on ONCEFLOW_TEST_JAEGER_OTLP and
+// gRPC on ONCEFLOW_TEST_JAEGER_OTLP_GRPC (default: the same host, port 4317).
 func TestTracesInJaeger(t *testing.T) {
 	query, otlp := os.Getenv(envJaegerQuery), os.Getenv(envJaegerOTLP)
 	if query == "" || otlp == "" {
@@ -97,11 +99,30 @@ func TestTracesInJaeger(t *testing.T) {
 		}
 		t.Skipf("%s/%s not set: skipping the Jaeger test", envJaegerQuery, envJaegerOTLP)
 	}
+	grpcEndpoint := os.Getenv("ONCEFLOW_TEST_JAEGER_OTLP_GRPC")
+	if grpcEndpoint == "" {
+		u, err := url.Parse(otlp)
+		if err != nil {
+			t.Fatalf("%s: %v", envJaegerOTLP, err)
+		}
+		grpcEndpoint = "http://" + u.Hostname() + ":4317"
+	}
+	for _, tc := range []struct{ protocol, endpoint string }{
+		{"http/protobuf", otlp},
+		{"grpc", grpcEndpoint},
+	} {
+		t.Run(strings.ReplaceAll(tc.protocol, "/", "_"), func(t *testing.T) {
+			checkTraces(t, query, tc.protocol, tc.endpoint)
+		})
+	}
+}
+
+func checkTraces(t *testing.T, query, protocol, endpoint string) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	service := "onceflow-test-" + hex.EncodeToString(b[:])
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
 	t.Setenv("OTEL_SERVICE_NAME", service)
 	since := time.Now()
 
