@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// `onceflow run` consumes a topic with redeliveries, applies every event
+// once, and returns nil when its context ends (SIGTERM, via main).
+func TestRunConsumesAndDrains(t *testing.T) {
+	dsn := sinktest.DSN(t)
+	pool := sinktest.Pool(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	schema := "test_run_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"), kfake.SeedTopics(1, "orders.dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stream, err := orders.Generate(2000, 0.5, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := make([]*kgo.Record, len(stream.Messages))
+	for i, m := range stream.Messages {
+		recs[i] = processor.NewRecord("orders", m.ID, m.Value)
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	root := newRoot()
+	root.SetOut(io.Discard)
+	var stderr bytes.Buffer
+	root.SetErr(&stderr)
+	root.SetArgs([]string{"run", "--brokers", c.ListenAddrs()[0], "--topics", "orders", "--group", "run-test",
+		"--dsn", dsn, "--schema", schema, "--http-addr", "127.0.0.1:0", "--log-level", "warn"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var n int64
+		_ = pool.QueryRow(t.Context(), `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets`).Scan(&n)
+		if n >= int64(len(recs)) {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned early: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run committed %d of %d records in 60s", n, len(recs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run after cancel: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not drain within 30s of cancel")
+	}
+	rep, err := orders.Check(t.Context(), pool, schema, stream.Unique)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+}
