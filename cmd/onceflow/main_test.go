@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -38,10 +39,7 @@ func runCLI(t *testing.T, stderr io.Writer, args ...string) (string, error) {
 func TestDemoJSONMatchesTablesAndServesMetrics(t *testing.T) {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	schema := "test_demo_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	schema := freshSchema(t, pool, "test_demo_")
 
 	pr, pw := io.Pipe()
 	scraped := make(chan map[string]*dtoFamily, 1)
@@ -200,4 +198,15 @@ func TestBadConfigFailsAtStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freshSchema returns a unique schema name with the given prefix, dropped
+// at cleanup. The command under test creates it.
+func freshSchema(t *testing.T, pool *pgxpool.Pool, prefix string) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	schema := prefix + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	return schema
 }

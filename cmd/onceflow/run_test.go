@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"testing"
 	"time"
@@ -22,10 +20,7 @@ import (
 func TestRunConsumesAndDrains(t *testing.T) {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	schema := "test_run_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	schema := freshSchema(t, pool, "test_run_")
 
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"), kfake.SeedTopics(1, "orders.dlq"))
 	if err != nil {

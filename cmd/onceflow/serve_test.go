@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -45,10 +43,7 @@ type seedServer struct {
 func startSeedServer(t *testing.T) *seedServer {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	schema := "test_serve_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
+	schema := freshSchema(t, pool, "test_serve_")
 	cfg, err := config.Load("", nil, nil)
 	if err != nil {
 		t.Fatal(err)
