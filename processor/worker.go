@@ -164,7 +164,6 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			producedDLQ = true
 		}
 		b.Fence = w.fence.Load()
-		decoded := len(b.DeadLetters)
 		res, err := w.c.writer.Write(ctx, b)
 		switch {
 		case err == nil:
@@ -172,7 +171,7 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			w.next.Store(b.NextOffset)
 			// Events a handler rejected became dead letters inside the
 			// transaction; publish them before the Kafka offset moves.
-			w.publishRejected(ctx, b.DeadLetters[decoded:])
+			w.publishRejected(ctx, res.Rejected)
 			if !w.c.aborting.Load() {
 				// Only now may Kafka learn of the batch: marked offsets are
 				// committed in the background, on revoke and on shutdown.

@@ -52,12 +52,12 @@ type Batch struct {
 
 // Result counts what one Write did. Keys are (event, handler) pairs.
 type Result struct {
-	Applied         int // keys claimed and applied by their handler
-	SkippedLRU      int // keys dropped by the cache without a round trip
-	SkippedPostgres int // keys whose processed_events row already existed (or repeated in the batch)
-	DeadLetters     int // records written to dead_letters (decode failures and rejections)
-	Rejected        int // events a handler rejected, included in DeadLetters
-	Attempts        int // transactions begun: 1 + one per rejection retry
+	Applied         int          // keys claimed and applied by their handler
+	SkippedLRU      int          // keys dropped by the cache without a round trip
+	SkippedPostgres int          // keys whose processed_events row already existed (or repeated in the batch)
+	DeadLetters     int          // records written to dead_letters (decode failures and rejections)
+	Rejected        []DeadLetter // events a handler rejected, included in DeadLetters
+	Attempts        int          // transactions begun: 1 + one per rejection retry
 }
 
 // Handler applies the business effects of a batch of events inside the

@@ -157,7 +157,8 @@ type pending struct {
 // error nothing is committed — unless COMMIT itself failed with an unknown
 // outcome, in which case a retry of the same batch is fenced if it had in
 // fact committed. The cache is only updated after a successful COMMIT.
-// Write modifies b only to move rejected events into b.DeadLetters.
+// Write does not modify b; events a handler rejected are returned in
+// Result.Rejected, already written to dead_letters.
 func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	var res Result
 	// The fast path: drop keys known to be committed, without a round trip.
@@ -175,16 +176,18 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	}
 	res.SkippedLRU = len(skipped)
 
+	var rejected []DeadLetter
 	for {
 		res.Attempts++
-		claimedKeys, pgSkipped, err := w.attempt(ctx, b, todo, &res)
+		claimedKeys, pgSkipped, err := w.attempt(ctx, b, todo, rejected)
 		var reject *RejectError
 		if errors.As(err, &reject) {
 			var ok bool
-			if todo, ok = w.reject(b, todo, reject); !ok {
+			var dl DeadLetter
+			if todo, dl, ok = w.reject(b, todo, reject); !ok {
 				return res, fmt.Errorf("handler rejected event %s, which is not in the batch: %w", reject.EventID, err)
 			}
-			res.Rejected++
+			rejected = append(rejected, dl)
 			continue
 		}
 		if err != nil {
@@ -201,7 +204,8 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 		skipped = append(skipped, pgSkipped...)
 		res.Applied = len(claimedKeys)
 		res.SkippedPostgres = len(pgSkipped)
-		res.DeadLetters = len(b.DeadLetters)
+		res.DeadLetters = len(b.DeadLetters) + len(rejected)
+		res.Rejected = rejected
 		w.logSkips(ctx, b, skipped)
 		return res, nil
 	}
@@ -215,7 +219,7 @@ type skip struct {
 
 // reject moves the rejected event out of the batch's work into its dead
 // letters.
-func (w *Writer) reject(b *Batch, todo []pending, r *RejectError) ([]pending, bool) {
+func (w *Writer) reject(b *Batch, todo []pending, r *RejectError) ([]pending, DeadLetter, bool) {
 	idx := -1
 	todo = slices.DeleteFunc(todo, func(p pending) bool {
 		if p.key.EventID == r.EventID {
@@ -225,22 +229,22 @@ func (w *Writer) reject(b *Batch, todo []pending, r *RejectError) ([]pending, bo
 		return false
 	})
 	if idx < 0 {
-		return todo, false
+		return todo, DeadLetter{}, false
 	}
 	e := b.Events[idx]
-	b.DeadLetters = append(b.DeadLetters, DeadLetter{
+	dl := DeadLetter{
 		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
 		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
 		Reason:  "rejected: " + r.Reason, Value: e.Value,
-	})
+	}
 	w.log.Warn("event rejected", "topic", b.Topic, "partition", b.Partition,
 		"event_id", r.EventID.String(), "reason", r.Reason)
-	return todo, true
+	return todo, dl, true
 }
 
-// attempt runs one transaction: claim, handlers, dead letters, offset CAS,
-// commit. It returns the keys claimed and the keys found already claimed.
-func (w *Writer) attempt(ctx context.Context, b *Batch, todo []pending, res *Result) ([]dedup.Key, []skip, error) {
+// attempt runs one transaction: claim, handlers, dead letters (the
+// batch's and those rejected so far), offset CAS, commit. It returns the keys claimed and the keys found already claimed.
+func (w *Writer) attempt(ctx context.Context, b *Batch, todo []pending, rejected []DeadLetter) ([]dedup.Key, []skip, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
 	defer cancel()
 	traceID := ""
@@ -291,7 +295,7 @@ func (w *Writer) attempt(ctx context.Context, b *Batch, todo []pending, res *Res
 		}
 	}
 
-	if err := w.insertDeadLetters(ctx, tx, b.DeadLetters); err != nil {
+	if err := w.insertDeadLetters(ctx, tx, append(slices.Clip(b.DeadLetters), rejected...)); err != nil {
 		return nil, nil, err
 	}
 

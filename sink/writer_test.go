@@ -88,12 +88,19 @@ func TestWriteMixedBatch(t *testing.T) {
 		{"applied", res.Applied, 8},           // c and d, four handlers each
 		{"skipped by lru", res.SkippedLRU, 4}, // a
 		{"skipped by postgres", res.SkippedPostgres, 4},
-		{"rejected", res.Rejected, 1},
+		{"rejected", len(res.Rejected), 1},
 		{"dead letters", res.DeadLetters, 1},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("batch 2 %s = %d, want %d", tc.name, tc.got, tc.want)
 		}
+	}
+
+	if len(b2.DeadLetters) != 0 {
+		t.Errorf("Write modified the batch: %d dead letters in it", len(b2.DeadLetters))
+	}
+	if len(res.Rejected) == 1 && (res.Rejected[0].EventID.UUID != poison || res.Rejected[0].Offset != 6) {
+		t.Errorf("rejected = %+v, want the poison event at offset 6", res.Rejected[0])
 	}
 
 	// Batch 3, through a writer with no cache: b replayed must be stopped
