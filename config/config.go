@@ -224,6 +224,10 @@ func unmarshalProblems(err error, file string) []error {
 
 var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
+// IsIdentifier reports whether s is a lower-case SQL identifier that needs
+// no quoting, as postgres.schema must be.
+func IsIdentifier(s string) bool { return identifier.MatchString(s) }
+
 // knownHandlers are the handlers this build has (the demo business).
 var knownHandlers = []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}
 
@@ -283,7 +287,7 @@ func (c Config) Validate() error {
 	if _, err := pgx.ParseConfig(c.Postgres.DSN); err != nil {
 		bad("postgres.dsn", "%s is not a valid connection string (postgres://user:password@host:port/db?sslmode=disable)", RedactDSN(c.Postgres.DSN))
 	}
-	if !identifier.MatchString(c.Postgres.Schema) {
+	if !IsIdentifier(c.Postgres.Schema) {
 		bad("postgres.schema", "%q is not a lower-case SQL identifier", c.Postgres.Schema)
 	}
 	if c.Postgres.PoolSize < 1 {

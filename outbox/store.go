@@ -6,7 +6,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -21,11 +20,7 @@ var migrations embed.FS
 
 // Migrate creates the orders and outbox tables in schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return err
-	}
-	return sink.ApplyMigrations(ctx, pool, schema, "outbox", sub)
+	return sink.ApplyMigrations(ctx, pool, schema, "outbox", migrations, "migrations")
 }
 
 // ErrKeyReused is returned when an Idempotency-Key comes back with a

@@ -21,20 +21,17 @@ var migrations embed.FS
 // dead_letters) in schema, creating the schema if needed. It is idempotent
 // and safe to run from several processes at once.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return err
-	}
-	return ApplyMigrations(ctx, pool, schema, "sink", sub)
+	return ApplyMigrations(ctx, pool, schema, "sink", migrations, "migrations")
 }
 
-// ApplyMigrations applies, in name order, every NNNN_name.sql file of fsys
-// that schema_migrations does not yet record for component. Each file runs in
+// ApplyMigrations applies, in name order, every NNNN_name.sql file in the
+// folder dir of fsys that schema_migrations does not yet record for
+// component. Each file runs in
 // its own transaction with search_path set to schema, under an advisory lock
 // so that concurrent migrators wait for one another. Packages that own
 // tables (sink, the demo handlers, outbox) call it with their own component.
-func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, schema, component string, fsys fs.FS) error {
-	files, err := fs.Glob(fsys, "*.sql")
+func ApplyMigrations(ctx context.Context, pool *pgxpool.Pool, schema, component string, fsys fs.FS, dir string) error {
+	files, err := fs.Glob(fsys, path.Join(dir, "*.sql"))
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", component, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink/orders"
@@ -54,22 +55,10 @@ func (o demoOptions) validate() error {
 	if o.rebalanceEvery < 100*time.Millisecond {
 		ps = append(ps, fmt.Errorf("--rebalance-every %v: must be at least 100ms", o.rebalanceEvery))
 	}
-	if !identifierOK(o.schema) || o.schema == "public" {
+	if !config.IsIdentifier(o.schema) || o.schema == "public" {
 		ps = append(ps, fmt.Errorf("--demo-schema %q: must be a lower-case identifier other than public (the demo drops it)", o.schema))
 	}
 	return errors.Join(ps...)
-}
-
-func identifierOK(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for i, r := range s {
-		if !(r == '_' || r >= 'a' && r <= 'z' || i > 0 && r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 func newDemoCmd() *cobra.Command {

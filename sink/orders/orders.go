@@ -6,7 +6,6 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"slices"
 
 	"github.com/google/uuid"
@@ -59,11 +58,7 @@ var migrations embed.FS
 
 // Migrate creates the demo business tables in schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	sub, err := fs.Sub(migrations, "migrations")
-	if err != nil {
-		return err
-	}
-	return sink.ApplyMigrations(ctx, pool, schema, "orders", sub)
+	return sink.ApplyMigrations(ctx, pool, schema, "orders", migrations, "migrations")
 }
 
 // Handlers returns the handlers named in names (all four when names is
