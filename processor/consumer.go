@@ -131,6 +131,7 @@ type Consumer struct {
 	writer Writer
 	log    *slog.Logger
 	tracer trace.Tracer
+	traced bool // false: no per-record trace-context extraction at all
 	stats  counters
 
 	mu      sync.Mutex
@@ -199,11 +200,13 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 	if provider == nil {
 		provider = noop.NewTracerProvider()
 	}
+	_, untraced := provider.(noop.TracerProvider)
 	return &Consumer{
 		cfg:      cfg,
 		writer:   w,
 		log:      log,
 		tracer:   provider.Tracer("github.com/onceflow/onceflow/processor"),
+		traced:   !untraced,
 		workers:  map[tp]*worker{},
 		abortRun: make(chan struct{}),
 	}, nil

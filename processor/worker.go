@@ -124,9 +124,11 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			w.c.log.Warn("dead letter", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "reason", de.Reason)
 			continue
 		}
-		ev.Producer = trace.SpanContextFromContext(cfg.Propagator.Extract(context.Background(), RecordCarrier{r}))
-		if ev.Producer.IsValid() && len(links) < maxLinks {
-			links = append(links, trace.Link{SpanContext: ev.Producer})
+		if w.c.traced {
+			ev.Producer = trace.SpanContextFromContext(cfg.Propagator.Extract(context.Background(), RecordCarrier{r}))
+			if ev.Producer.IsValid() && len(links) < maxLinks {
+				links = append(links, trace.Link{SpanContext: ev.Producer})
+			}
 		}
 		b.Events = append(b.Events, ev)
 	}
