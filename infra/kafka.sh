@@ -34,8 +34,11 @@ resolve() {
   touch "$lib/.complete"
 }
 
+# Every java run names kafka.logs.dir: log4j2.properties writes to
+# ${sys:kafka.logs.dir}/server.log, which without it is a folder literally
+# named so in the current directory.
 java_run() { java "-Xms$heap" "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true \
-  "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$lib/*" "$@"; }
+  "-Dlog4j2.configurationFile=$dir/log4j2.properties" -Dkafka.logs.dir="$dir/logs" -cp "$lib/*" "$@"; }
 
 start() {
   if running && ready; then echo "127.0.0.1:$port"; return; fi
@@ -81,7 +84,7 @@ logger.kafka.name = kafka
 logger.kafka.level = INFO
 CONF
   if [ ! -f "$dir/data/meta.properties" ]; then
-    java_run -Dkafka.logs.dir="$dir/logs" kafka.tools.StorageTool format -t "$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null)" -c "$conf" >"$dir/logs/format.log" 2>&1 \
+    java_run kafka.tools.StorageTool format -t "$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null)" -c "$conf" >"$dir/logs/format.log" 2>&1 \
       || { echo "infra/kafka.sh: formatting storage failed; see $dir/logs/format.log" >&2; exit 1; }
   fi
   nohup java "-Xms$heap" "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true \
