@@ -23,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // Run is one scenario's or baseline's result.
@@ -160,7 +161,7 @@ func (e *env) preload(ctx context.Context, msgs []orders.Message) error {
 		part := msgs[i:min(i+chunk, len(msgs))]
 		recs := make([]*kgo.Record, len(part))
 		for j, m := range part {
-			recs[j] = processor.NewRecord(e.topic, m.ID, m.Value)
+			recs[j] = wire.NewRecord(e.topic, m.ID, m.Value)
 		}
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			return err

@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // RelayConfig configures a Relay. Zero values take the defaults noted.
@@ -171,10 +171,10 @@ func (r *Relay) record(ctx context.Context, topic string, id uuid.UUID, payload 
 		attribute.String("messaging.system", "kafka"),
 		attribute.String("messaging.destination.name", topic),
 		attribute.String("messaging.message.id", id.String())))
-	rec := processor.NewRecord(topic, id, payload)
+	rec := wire.NewRecord(topic, id, payload)
 	// A tracing hook on the client (kotel) starts its publish span from
 	// rec.Context and re-injects; without one, this span is the producer's.
 	rec.Context = ctx
-	r.cfg.Propagator.Inject(ctx, processor.RecordCarrier{Record: rec})
+	r.cfg.Propagator.Inject(ctx, wire.RecordCarrier{Record: rec})
 	return rec, span
 }

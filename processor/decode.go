@@ -9,10 +9,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // HeaderEventID is the record header that carries the event id by default.
-const HeaderEventID = "event_id"
+const HeaderEventID = wire.HeaderEventID
 
 // DecodeConfig says where a record's event id is and how large a record may be.
 type DecodeConfig struct {

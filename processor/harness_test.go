@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // EnvKafka names the environment variable with a real Kafka's brokers
@@ -153,7 +154,7 @@ func (e *env) produceMessages(msgs []orders.Message) {
 	e.t.Helper()
 	recs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
-		recs[i] = processor.NewRecord(e.topic, m.ID, m.Value)
+		recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
 	}
 	e.produce(recs...)
 }

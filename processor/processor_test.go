@@ -23,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // envMember turns the test binary into a bare group member (see
@@ -247,7 +248,7 @@ func TestMixedStreamWithPoison(t *testing.T) {
 			t.Fatal(err)
 		}
 		msgs := stream.Messages
-		rec := func(m orders.Message) *kgo.Record { return processor.NewRecord(e.topic, m.ID, m.Value) }
+		rec := func(m orders.Message) *kgo.Record { return wire.NewRecord(e.topic, m.ID, m.Value) }
 		badOrder := uuid.New()
 		poison := []struct {
 			rec    *kgo.Record
@@ -256,10 +257,10 @@ func TestMixedStreamWithPoison(t *testing.T) {
 			{&kgo.Record{Topic: e.topic, Value: []byte(`{"user_id":1,"items":["A"]}`)}, "no event_id header"},
 			{&kgo.Record{Topic: e.topic, Value: []byte(`{"user_id":1,"items":["A"]}`),
 				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("order-17")}}}, "is not a UUID"},
-			{processor.NewRecord(e.topic, uuid.New(), []byte(`{"user_id":1,`)), "not valid JSON"},
-			{processor.NewRecord(e.topic, uuid.New(), []byte("{\"user_id\":1,\"items\":[\"\x00\"]}")), "NUL byte"},
-			{processor.NewRecord(e.topic, uuid.New(), []byte(`{"items":["`+strings.Repeat("A", 2000)+`"]}`)), "over the 1024-byte limit"},
-			{processor.NewRecord(e.topic, badOrder, []byte(`{"user_id":"one","items":["A"]}`)), "rejected: not an order"},
+			{wire.NewRecord(e.topic, uuid.New(), []byte(`{"user_id":1,`)), "not valid JSON"},
+			{wire.NewRecord(e.topic, uuid.New(), []byte("{\"user_id\":1,\"items\":[\"\x00\"]}")), "NUL byte"},
+			{wire.NewRecord(e.topic, uuid.New(), []byte(`{"items":["`+strings.Repeat("A", 2000)+`"]}`)), "over the 1024-byte limit"},
+			{wire.NewRecord(e.topic, badOrder, []byte(`{"user_id":"one","items":["A"]}`)), "rejected: not an order"},
 		}
 		var first []*kgo.Record
 		for i, m := range msgs[:150] {

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/wire"
 )
 
 const (
@@ -125,7 +126,7 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 			continue
 		}
 		if w.c.traced {
-			ev.Producer = trace.SpanContextFromContext(cfg.Propagator.Extract(context.Background(), RecordCarrier{r}))
+			ev.Producer = trace.SpanContextFromContext(cfg.Propagator.Extract(context.Background(), wire.RecordCarrier{Record: r}))
 			if ev.Producer.IsValid() && len(links) < maxLinks {
 				links = append(links, trace.Link{SpanContext: ev.Producer})
 			}
@@ -312,34 +313,4 @@ func (w *worker) sleep(ctx context.Context, d time.Duration) bool {
 	case <-w.quit:
 	}
 	return false
-}
-
-// RecordCarrier adapts a record's headers to OpenTelemetry propagation, so
-// producers can inject and the consumer extract trace context.
-type RecordCarrier struct{ *kgo.Record }
-
-// Get returns the first header named key.
-func (c RecordCarrier) Get(key string) string {
-	v, _ := header(c.Record, key)
-	return string(v)
-}
-
-// Set replaces (or adds) the header named key.
-func (c RecordCarrier) Set(key, value string) {
-	for i, h := range c.Headers {
-		if h.Key == key {
-			c.Headers[i].Value = []byte(value)
-			return
-		}
-	}
-	c.Headers = append(c.Headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
-}
-
-// Keys lists the header names.
-func (c RecordCarrier) Keys() []string {
-	keys := make([]string, len(c.Headers))
-	for i, h := range c.Headers {
-		keys[i] = h.Key
-	}
-	return keys
 }

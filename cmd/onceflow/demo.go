@@ -20,6 +20,7 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/wire"
 )
 
 type demoOptions struct {
@@ -407,7 +408,7 @@ func publish(ctx context.Context, brokers []string, topic string, msgs, replay [
 	send := func(ms []orders.Message) error {
 		recs := make([]*kgo.Record, len(ms))
 		for i, m := range ms {
-			recs[i] = processor.NewRecord(topic, m.ID, m.Value)
+			recs[i] = wire.NewRecord(topic, m.ID, m.Value)
 		}
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			return err

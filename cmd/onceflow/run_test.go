@@ -10,9 +10,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // `onceflow run` consumes a topic with redeliveries, applies every event
@@ -37,7 +37,7 @@ func TestRunConsumesAndDrains(t *testing.T) {
 	}
 	recs := make([]*kgo.Record, len(stream.Messages))
 	for i, m := range stream.Messages {
-		recs[i] = processor.NewRecord("orders", m.ID, m.Value)
+		recs[i] = wire.NewRecord("orders", m.ID, m.Value)
 	}
 	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
