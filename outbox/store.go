@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/migrate"
 	"github.com/onceflow/onceflow/sink/orders"
 )
 
@@ -20,7 +20,7 @@ var migrations embed.FS
 
 // Migrate creates the orders and outbox tables in schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	return sink.ApplyMigrations(ctx, pool, schema, "outbox", migrations, "migrations")
+	return migrate.Apply(ctx, pool, schema, "outbox", migrations, "migrations")
 }
 
 // ErrKeyReused is returned when an Idempotency-Key comes back with a

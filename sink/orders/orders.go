@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/migrate"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -58,7 +59,7 @@ var migrations embed.FS
 
 // Migrate creates the demo business tables in schema.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	return sink.ApplyMigrations(ctx, pool, schema, "orders", migrations, "migrations")
+	return migrate.Apply(ctx, pool, schema, "orders", migrations, "migrations")
 }
 
 // Handlers returns the handlers named in names (all four when names is

@@ -1,0 +1,9 @@
+// Package migrate applies the SQL migrations that packages owning tables
+// embed: sink (processed_events, sink_offsets, dead_letters), outbox, and a
+// business such as the demo's orders. It is set-up, before the flow: every
+// component's tables exist before the first event is enqueued or consumed.
+//
+// Applied versions are recorded per component in the schema's
+// schema_migrations table; an advisory lock lets several processes migrate
+// one schema at once.
+package migrate
