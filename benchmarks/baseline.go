@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 )
 
 // baseline runs one baseline on the same generated data and handlers.

@@ -19,13 +19,28 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
+// handlers is the program's default for the handlers key, as main passes it.
+var handlers = Default{Key: "handlers", Value: []string{"emailHandler", "inventoryHandler"}}
+
 func TestLoadDefaultsAreValid(t *testing.T) {
-	cfg, err := Load("", nil, nil)
+	cfg, err := Load("", nil, nil, handlers)
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if cfg.Batch.MaxRecords != 1000 || cfg.Kafka.Group != "onceflow" || len(cfg.Handlers) != 4 {
+	if cfg.Batch.MaxRecords != 1000 || cfg.Kafka.Group != "onceflow" || len(cfg.Handlers) != 2 {
 		t.Errorf("defaults = %+v", cfg)
+	}
+}
+
+// Without a program's default, handlers is empty, which is invalid; a
+// default for a key that does not exist is a problem too.
+func TestLoadDefaults(t *testing.T) {
+	if _, err := Load("", nil, nil); err == nil || !strings.Contains(err.Error(), "handlers: at least one handler is required") {
+		t.Errorf("no handlers: err = %v", err)
+	}
+	if _, err := Load("", nil, nil, handlers, Default{Key: "handler", Value: "x"}); err == nil ||
+		!strings.Contains(err.Error(), "default for handler: no such setting") {
+		t.Errorf("unknown key: err = %v", err)
 	}
 }
 
@@ -38,7 +53,7 @@ func TestLoadPrecedence(t *testing.T) {
 	if err := fs.Parse([]string{"--group=from-flag"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := Load(file, fs, []Flag{{Name: "group", Key: "kafka.group"}})
+	cfg, err := Load(file, fs, []Flag{{Name: "group", Key: "kafka.group"}}, handlers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +82,9 @@ func TestLoadListsEveryProblem(t *testing.T) {
 		},
 		{
 			name: "bad values",
-			file: "kafka:\n  brokers: [localhost]\nbatch:\n  max_records: 0\nlog:\n  level: loud\nhandlers: [emailHandler, smsHandler]\n",
+			file: "kafka:\n  brokers: [localhost]\nbatch:\n  max_records: 0\nlog:\n  level: loud\nhandlers: [emailHandler, smsHandler, emailHandler]\n",
 			want: []string{`kafka.brokers: "localhost" is not host:port`, "batch.max_records: must be 1..100000, got 0",
-				`log.level: "loud"`, `handlers: unknown handler "smsHandler"`},
+				`log.level: "loud"`, `handlers: handler "emailHandler" listed twice`},
 		},
 		{
 			name: "unknown environment variable",
@@ -95,7 +110,7 @@ func TestLoadListsEveryProblem(t *testing.T) {
 			if tc.file != "" {
 				file = writeFile(t, tc.file)
 			}
-			_, err := Load(file, nil, nil)
+			_, err := Load(file, nil, nil, handlers)
 			if err == nil {
 				t.Fatal("Load accepted an invalid config")
 			}

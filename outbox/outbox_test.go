@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
@@ -26,7 +26,7 @@ const topic = "orders"
 
 func setup(t *testing.T) (*pgxpool.Pool, string, []string) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
 	if err := Migrate(t.Context(), pool, schema); err != nil {
 		t.Fatal(err)
 	}

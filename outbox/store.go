@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/migrate"
-	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/orders"
 )
 
 //go:embed migrations/*.sql

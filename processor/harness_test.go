@@ -17,9 +17,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 	"github.com/onceflow/onceflow/wire"
 )
@@ -125,7 +125,7 @@ func newEnv(t *testing.T, b broker, partitions int32) *env {
 	suffix := hex.EncodeToString(r[:])
 	pool := sinktest.Pool(t)
 	e := &env{t: t, topic: "orders-" + suffix, group: "onceflow-" + suffix, dlq: "orders-" + suffix + ".dlq",
-		pool: pool, schema: sinktest.Schema(t, pool)}
+		pool: pool, schema: sinktest.Schema(t, pool, orders.Migrate)}
 	e.brokers = b.start(t, e.topic, partitions, e.dlq)
 	return e
 }

@@ -19,9 +19,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 	"github.com/onceflow/onceflow/wire"
 )

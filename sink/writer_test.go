@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
@@ -46,7 +46,7 @@ func events(first int64, ids []uuid.UUID, values [][]byte) []sink.Event {
 
 func TestWriteMixedBatch(t *testing.T) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
 	cache, _ := dedup.New(1000)
 	w := newWriter(t, pool, schema, cache)
 	ctx := t.Context()
@@ -133,7 +133,7 @@ func TestWriteMixedBatch(t *testing.T) {
 
 func TestWriteFencesZombie(t *testing.T) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
 	ctx := t.Context()
 	owner := newWriter(t, pool, schema, nil)
 	zombie := newWriter(t, pool, schema, nil)
@@ -213,7 +213,7 @@ DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + schema + `.commi
 
 func TestCommitFailureLeavesCacheUntouched(t *testing.T) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
 	ctx := t.Context()
 	cache, _ := dedup.New(1000)
 	bomb := armCommitBomb(t, pool, schema)

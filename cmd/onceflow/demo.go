@@ -18,8 +18,8 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sink/orders"
 	"github.com/onceflow/onceflow/wire"
 )
 

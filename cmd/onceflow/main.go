@@ -19,8 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 )
 
 func main() {
@@ -101,7 +101,10 @@ type app struct {
 
 func load(cmd *cobra.Command) (*app, error) {
 	file, _ := cmd.Flags().GetString("config")
-	cfg, err := config.Load(file, cmd.Flags(), binds)
+	cfg, err := config.Load(file, cmd.Flags(), binds, config.Default{Key: "handlers", Value: registry.names})
+	if err == nil {
+		err = registry.check(cfg.Handlers)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}

@@ -185,6 +185,8 @@ func TestBadConfigFailsAtStart(t *testing.T) {
 			[]string{"kafka.brokers", "log.level"}},
 		{"bad demo flags", []string{"demo", "--events", "0", "--partitions", "0"},
 			[]string{"--events 0", "--partitions 0"}},
+		{"unknown handler", []string{"migrate", "--handlers", "emailHandler,smsHandler"},
+			[]string{`handlers: unknown handler "smsHandler"`, "known: emailHandler, inventoryHandler, analyticsHandler, recommenderHandler"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := runCLI(t, io.Discard, tc.args...)

@@ -18,12 +18,11 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 )
 
 // newWriter builds the sink writer for schema from the config.
 func (a *app) newWriter(pool *pgxpool.Pool, schema string, cache *dedup.Cache, tp trace.TracerProvider) (*sink.Writer, error) {
-	hs, err := orders.Handlers(schema, a.cfg.Handlers...)
+	hs, err := registry.build(schema, a.cfg.Handlers)
 	if err != nil {
 		return nil, err
 	}

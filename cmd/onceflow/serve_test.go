@@ -44,7 +44,7 @@ func startSeedServer(t *testing.T) *seedServer {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
 	schema := freshSchema(t, pool, "test_serve_")
-	cfg, err := config.Load("", nil, nil)
+	cfg, err := config.Load("", nil, nil, config.Default{Key: "handlers", Value: registry.names})
 	if err != nil {
 		t.Fatal(err)
 	}

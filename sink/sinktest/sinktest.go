@@ -1,5 +1,6 @@
 // Package sinktest gives tests a real Postgres: a pool and a fresh schema
-// per test, migrated for sink and the demo handlers, dropped at cleanup.
+// per test, migrated for sink (and whatever else the test names), dropped
+// at cleanup.
 //
 // The database is named by ONCEFLOW_TEST_POSTGRES_DSN. When it is unset the
 // test is skipped — unless CI is set, where a missing database fails the
@@ -17,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/migrate"
 	"github.com/onceflow/onceflow/sink"
-	"github.com/onceflow/onceflow/sink/orders"
 )
 
 // EnvDSN is the environment variable holding the test database's DSN.
@@ -56,21 +57,21 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-// Schema creates a uniquely named schema with sink's and the demo handlers'
-// tables, and drops it at cleanup unless the test failed and
-// ONCEFLOW_TEST_KEEP_SCHEMA is set (to inspect it).
-func Schema(t testing.TB, pool *pgxpool.Pool) string {
+// Schema creates a uniquely named schema with sink's tables and those of
+// every migration in also (for example orders.Migrate, outbox.Migrate), and
+// drops it at cleanup unless the test failed and ONCEFLOW_TEST_KEEP_SCHEMA
+// is set (to inspect it).
+func Schema(t testing.TB, pool *pgxpool.Pool, also ...migrate.Func) string {
 	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := "test_" + hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := sink.Migrate(ctx, pool, schema); err != nil {
-		t.Fatalf("migrate sink: %v", err)
-	}
-	if err := orders.Migrate(ctx, pool, schema); err != nil {
-		t.Fatalf("migrate orders: %v", err)
+	for _, m := range append([]migrate.Func{sink.Migrate}, also...) {
+		if err := m(ctx, pool, schema); err != nil {
+			t.Fatalf("migrate schema %s: %v", schema, err)
+		}
 	}
 	t.Cleanup(func() {
 		if t.Failed() && os.Getenv("ONCEFLOW_TEST_KEEP_SCHEMA") != "" {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -62,24 +63,36 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return migrate.Apply(ctx, pool, schema, "orders", migrations, "migrations")
 }
 
+// New returns the handler called name, writing to its table in schema,
+// and false when name is not one of Names. Handlers are safe for
+// concurrent use.
+func New(name, schema string) (sink.Handler, bool) {
+	t := func(table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+	switch name {
+	case Email:
+		return &handler{name: Email, table: t("emails_sent"), apply: applyEmail}, true
+	case Inventory:
+		return &handler{name: Inventory, table: t("inventory_reserved"), apply: applyInventory}, true
+	case Analytics:
+		return &handler{name: Analytics, table: t("analytics_counters"), apply: applyAnalytics}, true
+	case Recommender:
+		return &handler{name: Recommender, table: t("recommender_weights"), apply: applyRecommender}, true
+	}
+	return nil, false
+}
+
 // Handlers returns the handlers named in names (all four when names is
-// empty), writing to tables in schema. An unknown name is an error.
+// empty), writing to tables in schema. An unknown name is an error that
+// lists Names.
 func Handlers(schema string, names ...string) ([]sink.Handler, error) {
 	if len(names) == 0 {
 		names = Names
 	}
-	t := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
-	all := map[string]sink.Handler{
-		Email:       &handler{name: Email, table: t("emails_sent"), apply: applyEmail},
-		Inventory:   &handler{name: Inventory, table: t("inventory_reserved"), apply: applyInventory},
-		Analytics:   &handler{name: Analytics, table: t("analytics_counters"), apply: applyAnalytics},
-		Recommender: &handler{name: Recommender, table: t("recommender_weights"), apply: applyRecommender},
-	}
 	out := make([]sink.Handler, 0, len(names))
 	for _, n := range names {
-		h, ok := all[n]
+		h, ok := New(n, schema)
 		if !ok {
-			return nil, fmt.Errorf("unknown handler %q (known: %v)", n, Names)
+			return nil, fmt.Errorf("unknown handler %q (known: %s)", n, strings.Join(Names, ", "))
 		}
 		out = append(out, h)
 	}
