@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,15 +10,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/onceflow/onceflow/orders"
-	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
+	"github.com/onceflow/onceflow/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -26,16 +26,29 @@ const topic = "orders"
 
 func setup(t *testing.T) (*pgxpool.Pool, string, []string) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool, orders.Migrate)
-	if err := Migrate(t.Context(), pool, schema); err != nil {
-		t.Fatal(err)
-	}
+	schema := sinktest.Schema(t, pool, Migrate)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
 	return pool, schema, c.ListenAddrs()
+}
+
+func store(t *testing.T, pool *pgxpool.Pool, schema string) *Store {
+	s, err := NewStore(pool, StoreConfig{Schema: schema, Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func relay(t *testing.T, pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) *Relay {
+	r, err := NewRelay(pool, cl, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func client(t *testing.T, brokers []string, opts ...kgo.Opt) *kgo.Client {
@@ -47,7 +60,19 @@ func client(t *testing.T, brokers []string, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
-// published reads every record of the topic and counts them per event id.
+// enqueue puts n events with small payloads in the outbox.
+func enqueue(t *testing.T, s *Store, n int) []uuid.UUID {
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = uuid.New()
+		if _, err := s.Enqueue(t.Context(), Event{ID: ids[i], Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// published reads want records of the topic and counts them per event id.
 func published(t *testing.T, brokers []string, want int) map[uuid.UUID]int {
 	cl := client(t, brokers, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	got := map[uuid.UUID]int{}
@@ -56,62 +81,91 @@ func published(t *testing.T, brokers []string, want int) map[uuid.UUID]int {
 	defer cancel()
 	for n < want && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			ev, err := processor.Decode(r, processor.DecodeConfig{})
-			if err != nil {
-				t.Errorf("relayed record does not decode: %v", err)
+			id, err := uuid.Parse(wire.RecordCarrier{Record: r}.Get(wire.HeaderEventID))
+			if err != nil || string(r.Key) != id.String() {
+				t.Errorf("relayed record has no event id header and key: %v", err)
 				return
 			}
-			got[ev.ID]++
+			got[id]++
 			n++
 		})
 	}
 	return got
 }
 
+// Enqueue writes the outbox row and the business write together, once per
+// event id: a repeated id with the same payload (as SamePayload sees it)
+// writes nothing, another payload is ErrKeyReused, and a failing write
+// leaves no outbox row.
 func TestEnqueueIsIdempotent(t *testing.T) {
 	pool, schema, _ := setup(t)
-	s := NewStore(pool, schema, "kafka", topic)
 	ctx := t.Context()
-	key := uuid.New()
-	first, err := s.Enqueue(ctx, key, []byte(`{"user_id":1,"items":["A"]}`), "")
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.things (event_id uuid)`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewStore(pool, StoreConfig{Schema: schema, Topic: topic, SamePayload: bytes.EqualFold})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := s.Enqueue(ctx, key, []byte(`{"items": ["A"], "user_id": 1}`), "")
-	if err != nil {
-		t.Fatalf("same key, same order (reformatted): %v", err)
+	key := uuid.New()
+	write := func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.things VALUES ($1)`, key)
+		return err
 	}
-	if first.Replayed || !again.Replayed || first.OrderID != again.OrderID || again.EventID != key {
-		t.Errorf("answers: first %+v, again %+v; want the same order, the second marked replayed", first, again)
+	first, err := s.Enqueue(ctx, Event{ID: key, Payload: []byte(`{"a":"x"}`)}, write)
+	if err != nil || first.Replayed {
+		t.Fatalf("first: %+v, %v", first, err)
 	}
-	if _, err := s.Enqueue(ctx, key, []byte(`{"user_id":2,"items":["B"]}`), ""); !errors.Is(err, ErrKeyReused) {
-		t.Errorf("same key, other order: err = %v, want ErrKeyReused", err)
+	again, err := s.Enqueue(ctx, Event{ID: key, Payload: []byte(`{"A":"X"}`)}, write)
+	if err != nil || !again.Replayed {
+		t.Fatalf("same key, payload the same to SamePayload: %+v, %v; want replayed", again, err)
 	}
-	if _, err := s.Enqueue(ctx, uuid.New(), []byte(`{"user_id":1}`), ""); err == nil {
-		t.Error("an order without items was accepted")
+	if _, err := s.Enqueue(ctx, Event{ID: key, Payload: []byte(`{"a":"y"}`)}, write); !errors.Is(err, ErrKeyReused) {
+		t.Errorf("same key, other payload: err = %v, want ErrKeyReused", err)
 	}
-	for _, table := range []string{"orders", "outbox"} {
+	boom := errors.New("business write failed")
+	if _, err := s.Enqueue(ctx, Event{ID: uuid.New(), Payload: []byte(`{}`)},
+		func(context.Context, pgx.Tx) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("failing write: err = %v, want it returned", err)
+	}
+	for _, table := range []string{"things", "outbox"} {
 		if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.`+table); n != 1 {
 			t.Errorf("%s has %d rows, want 1", table, n)
 		}
 	}
 }
 
-func TestRelaysPublishEachEventOnce(t *testing.T) {
-	pool, schema, brokers := setup(t)
-	s := NewStore(pool, schema, "kafka", topic)
-	ctx := t.Context()
-	const n = 600
-	for i := range n {
-		if _, err := s.Enqueue(ctx, uuid.New(), []byte(fmt.Sprintf(`{"user_id":%d,"items":["A"]}`, i+1)), ""); err != nil {
-			t.Fatal(err)
+func TestConfigsAreValidated(t *testing.T) {
+	pool := sinktest.Pool(t)
+	if _, err := NewStore(pool, StoreConfig{}); err == nil {
+		t.Error("NewStore accepted a config without a topic")
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, cfg := range []RelayConfig{
+		{BatchSize: -1},
+		{Lease: time.Second, ProduceTimeout: time.Second},
+		{QueryTimeout: -time.Second},
+	} {
+		if _, err := NewRelay(pool, cl, cfg); err == nil {
+			t.Errorf("NewRelay accepted %+v", cfg)
 		}
 	}
+}
+
+func TestRelaysPublishEachEventOnce(t *testing.T) {
+	pool, schema, brokers := setup(t)
+	ctx := t.Context()
+	const n = 600
+	enqueue(t, store(t, pool, schema), n)
 	// Three relays over one table at once, each with its own client.
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
 	for range 3 {
-		r := NewRelay(pool, client(t, brokers), RelayConfig{Schema: schema, BatchSize: 50})
+		r := relay(t, pool, client(t, brokers), RelayConfig{Schema: schema, BatchSize: 50})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -143,74 +197,5 @@ func TestRelaysPublishEachEventOnce(t *testing.T) {
 	}
 	if left := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`); left != 0 {
 		t.Errorf("%d rows left unpublished", left)
-	}
-}
-
-// A relay that dies after publishing but before marking publishes those
-// events again; the consumer side applies each event once all the same.
-func TestCrashBetweenPublishAndMarkIsAbsorbed(t *testing.T) {
-	pool, schema, brokers := setup(t)
-	s := NewStore(pool, schema, "kafka", topic)
-	ctx := t.Context()
-	want := map[uuid.UUID]orders.Order{}
-	for i := range 100 {
-		id := uuid.New()
-		o := orders.Order{UserID: int64(i + 1), Items: []string{"A", "B"}}
-		want[id] = o
-		if _, err := s.Enqueue(ctx, id, []byte(fmt.Sprintf(`{"user_id":%d,"items":["A","B"]}`, o.UserID)), ""); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r := NewRelay(pool, client(t, brokers), RelayConfig{Schema: schema})
-	crashed := false
-	r.afterPublish = func() error {
-		if !crashed {
-			crashed = true
-			return errors.New("relay died before marking")
-		}
-		return nil
-	}
-	if _, err := r.RelayOnce(ctx); err == nil {
-		t.Fatal("the first relay pass did not fail")
-	}
-	if k, err := r.RelayOnce(ctx); err != nil || k != 100 {
-		t.Fatalf("second pass relayed %d rows (%v), want all 100 again", k, err)
-	}
-	for id, c := range published(t, brokers, 200) {
-		if c != 2 {
-			t.Fatalf("event %s is on the topic %d times, want 2 (published, not marked, published again)", id, c)
-		}
-	}
-
-	hs, _ := orders.Handlers(schema)
-	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: hs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := processor.New(processor.Config{Brokers: brokers, Topics: []string{topic}, Group: "g",
-		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}}, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
-	deadline := time.Now().Add(60 * time.Second)
-	for sinktest.Count(t, pool, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets`) < 200 {
-		if time.Now().After(deadline) {
-			t.Fatal("the consumer did not reach the end of the topic")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	rep, err := orders.Check(ctx, pool, schema, want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !rep.ExactlyOnce() {
-		t.Errorf("effects not exactly once: %v", rep.Problems)
 	}
 }

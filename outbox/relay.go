@@ -1,16 +1,21 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -21,9 +26,19 @@ import (
 // RelayConfig configures a Relay. Zero values take the defaults noted.
 type RelayConfig struct {
 	Schema    string        // schema of the outbox table; default "public"
-	BatchSize int           // rows published per transaction; default 500
-	Poll      time.Duration // wait when nothing is pending; default 100ms
-	Logger    *slog.Logger  // nil discards
+	BatchSize int           // rows claimed and produced at once; default 500
+	Poll      time.Duration // wait when nothing is pending or after an error; default 100ms
+	// ProduceTimeout bounds waiting for one claimed batch to be produced;
+	// default 10s. Rows the client has not delivered by then stay leased
+	// (the client may still deliver them).
+	ProduceTimeout time.Duration
+	// QueryTimeout bounds each Postgres round trip; default 5s.
+	QueryTimeout time.Duration
+	// Lease is how long claimed rows stay the relay's: another relay takes
+	// them over only after it ran out. It must exceed ProduceTimeout plus
+	// two QueryTimeouts; default 30s.
+	Lease  time.Duration
+	Logger *slog.Logger // nil discards
 	// TracerProvider traces each publication as a producer span, child of
 	// the request that enqueued it; nil disables tracing.
 	TracerProvider trace.TracerProvider
@@ -31,8 +46,9 @@ type RelayConfig struct {
 }
 
 // Relay publishes outbox rows to Kafka. Several relays, in one process or
-// many, may run over one table. The Kafka client is the caller's; it must
-// be able to produce to the rows' topics. A Relay is safe for concurrent use.
+// many, may run over one table. The Kafka client is the caller's, who
+// closes it after Run returns; it must be able to produce to the rows'
+// topics. A Relay is safe for concurrent use.
 type Relay struct {
 	pool   *pgxpool.Pool
 	cl     *kgo.Client
@@ -41,22 +57,32 @@ type Relay struct {
 	tracer trace.Tracer
 	log    *slog.Logger
 
-	afterPublish func() error // test hook: runs between publish and mark
+	afterPublish func() error // test hook: runs between produce and mark, as a relay dying there
 }
 
-// NewRelay returns a Relay over pool and cl.
-func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) *Relay {
+// NewRelay returns a Relay over pool and cl, or an error naming every
+// problem with cfg.
+func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) (*Relay, error) {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
 	if cfg.Schema == "" {
 		cfg.Schema = "public"
 	}
-	if cfg.BatchSize <= 0 {
+	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 500
 	}
-	if cfg.Poll <= 0 {
-		cfg.Poll = 100 * time.Millisecond
-	}
+	def(&cfg.Poll, 100*time.Millisecond)
+	def(&cfg.ProduceTimeout, 10*time.Second)
+	def(&cfg.QueryTimeout, 5*time.Second)
+	def(&cfg.Lease, 30*time.Second)
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
+	}
+	if err := cfg.validate(pool, cl); err != nil {
+		return nil, err
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -67,21 +93,47 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) *Relay {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Relay{pool: pool, cl: cl, cfg: cfg, table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(),
-		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log}
+		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log}, nil
+}
+
+func (cfg RelayConfig) validate(pool *pgxpool.Pool, cl *kgo.Client) error {
+	var ps []error
+	bad := func(format string, args ...any) { ps = append(ps, fmt.Errorf("outbox relay: "+format, args...)) }
+	if pool == nil {
+		bad("nil pool")
+	}
+	if cl == nil {
+		bad("nil kafka client")
+	}
+	if cfg.BatchSize < 1 || cfg.BatchSize > 100000 {
+		bad("batch size %d is not 1..100000", cfg.BatchSize)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"poll", cfg.Poll}, {"produce timeout", cfg.ProduceTimeout}, {"query timeout", cfg.QueryTimeout}} {
+		if d.v < 0 {
+			bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if cfg.Lease <= cfg.ProduceTimeout+2*cfg.QueryTimeout {
+		bad("lease %v must exceed the produce timeout plus two query timeouts (%v)", cfg.Lease, cfg.ProduceTimeout+2*cfg.QueryTimeout)
+	}
+	return errors.Join(ps...)
 }
 
 // Run relays until ctx ends, then returns nil. Errors are logged and
 // retried after Poll.
 func (r *Relay) Run(ctx context.Context) error {
 	for {
-		n, err := r.RelayOnce(ctx)
+		claimed, _, err := r.relay(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
 			r.log.Warn("outbox relay", "err", err)
 		}
-		if n == r.cfg.BatchSize && err == nil {
+		if claimed == r.cfg.BatchSize && err == nil {
 			continue // more may be pending
 		}
 		select {
@@ -92,77 +144,203 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// RelayOnce publishes up to BatchSize unpublished rows, oldest first, and
-// marks them published, returning how many. Rows locked by another relay
-// are skipped. The rows stay locked while they are produced; if producing
-// or marking fails, the transaction rolls back and they are published
-// again later.
+// RelayOnce publishes up to BatchSize pending rows, oldest first, and
+// returns how many it published. Three steps, none holding a transaction
+// or a row lock while another runs:
+//
+//  1. claim: rows neither published, failed nor leased to another relay
+//     get a lease of Lease (one statement, SKIP LOCKED, committed);
+//  2. produce them, within ProduceTimeout;
+//  3. mark: published rows get published_at, rows the broker refused
+//     (too large, invalid: [Refused]) get failed_at and fail_reason and are
+//     not tried again, and the lease of rows that failed otherwise is
+//     released so the next pass retries them. Rows still in the client
+//     when ProduceTimeout ran out stay leased.
+//
+// A relay that dies between 1 and 3 leaves its rows leased; once the lease
+// runs out another relay publishes them again, a duplicate the consumer
+// side absorbs. The error reports rows that could not be published and
+// will be retried; refused rows are logged, not returned.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
-	tx, err := r.pool.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+	_, published, err := r.relay(ctx)
+	return published, err
+}
+
+// pendingRow is one claimed outbox row.
+type pendingRow struct {
+	id          int64
+	event       uuid.UUID
+	topic       string
+	payload     []byte
+	traceparent string
+}
+
+func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
+	rows, err := r.claim(ctx)
+	if err != nil || len(rows) == 0 {
+		return 0, 0, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	rows, err := tx.Query(ctx, `SELECT id, event_id, topic, payload, coalesce(traceparent, '') FROM `+r.table+`
-WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize)
-	if err != nil {
-		return 0, fmt.Errorf("select outbox rows: %w", err)
+	recs := make([]*kgo.Record, len(rows))
+	spans := make([]trace.Span, len(rows))
+	for i, row := range rows {
+		recs[i], spans[i] = r.record(ctx, row.topic, row.event, row.payload, row.traceparent)
 	}
-	var (
-		ids   []int64
-		recs  []*kgo.Record
-		spans []trace.Span
-		id    int64
-		event uuid.UUID
-		topic string
-		body  []byte
-		tp    string
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &event, &topic, &body, &tp}, func() error {
-		ids = append(ids, id)
-		rec, span := r.record(ctx, topic, event, body, tp)
-		recs = append(recs, rec)
-		spans = append(spans, span)
-		return nil
-	})
-	defer func() {
-		for _, s := range spans {
-			s.End()
+	outcome := r.produce(ctx, recs)
+	var ok, retry []int64
+	var refused []refusal
+	var firstErr error
+	for i, err := range outcome {
+		endSpan(spans[i], err)
+		switch {
+		case err == nil:
+			ok = append(ok, rows[i].id)
+		case errors.Is(err, errStillProducing):
+			// Left leased: the client may still deliver it. Once the lease
+			// runs out it is published again, a duplicate the consumer
+			// side absorbs.
+		case Refused(err):
+			refused = append(refused, refusal{rows[i].id, err.Error()})
+			r.log.Warn("outbox row refused by the broker: marked failed", "event_id", rows[i].event, "topic", rows[i].topic,
+				"bytes", len(rows[i].payload), "err", err)
+		default:
+			retry = append(retry, rows[i].id)
 		}
-	}()
-	if err != nil {
-		return 0, fmt.Errorf("read outbox rows: %w", err)
-	}
-	if len(recs) == 0 {
-		return 0, nil
-	}
-	if err := r.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return 0, fmt.Errorf("publish %d outbox rows: %w", len(recs), err)
+		if err != nil && !Refused(err) && firstErr == nil {
+			firstErr = err
+		}
 	}
 	if r.afterPublish != nil {
 		if err := r.afterPublish(); err != nil {
-			return 0, err
+			return len(rows), 0, err
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+r.table+` SET published_at = now(), publishes = publishes + 1 WHERE id = ANY($1)`, ids); err != nil {
-		return 0, fmt.Errorf("mark outbox rows published: %w", err)
+	if err := r.mark(ctx, ok, refused, retry); err != nil {
+		return len(rows), 0, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit outbox marks: %w", err)
+	if firstErr != nil {
+		return len(rows), len(ok), fmt.Errorf("publish %d outbox rows: %d published, %d refused, the rest left for later: %w",
+			len(rows), len(ok), len(refused), firstErr)
 	}
-	return len(recs), nil
+	return len(rows), len(ok), nil
 }
 
-// Publish publishes one event to topic now, outside the outbox: the demo's
-// simulated broker redelivery. The record is exactly what the relay sends.
+// errStillProducing is the outcome of a record the client had not
+// delivered when ProduceTimeout ran out.
+var errStillProducing = errors.New("still producing when the produce timeout ran out")
+
+// produce produces recs and returns each one's outcome, waiting at most
+// ProduceTimeout: a client that retries a record past it (an idempotent
+// producer does not fail a record whose request was sent) does not hold
+// the relay, and that record's outcome is errStillProducing.
+func (r *Relay) produce(ctx context.Context, recs []*kgo.Record) []error {
+	type result struct {
+		i   int
+		err error
+	}
+	// Buffered for every record, so that a promise the client calls after
+	// this has returned never blocks.
+	done := make(chan result, len(recs))
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
+	defer cancel()
+	for i, rec := range recs {
+		r.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- result{i, err} })
+	}
+	outcome := make([]error, len(recs))
+	for i := range outcome {
+		outcome[i] = errStillProducing
+	}
+	for range recs {
+		select {
+		case res := <-done:
+			outcome[res.i] = res.err
+		case <-ctx.Done():
+			return outcome
+		}
+	}
+	return outcome
+}
+
+// claim leases up to BatchSize pending rows, oldest first, in one
+// committed statement.
+func (r *Relay) claim(ctx context.Context) ([]pendingRow, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := r.pool.Query(ctx, `UPDATE `+r.table+` SET lease_until = now() + $2 * interval '1 microsecond'
+WHERE id IN (SELECT id FROM `+r.table+`
+  WHERE published_at IS NULL AND failed_at IS NULL AND (lease_until IS NULL OR lease_until < now())
+  ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, event_id, topic, payload, coalesce(traceparent, '')`, r.cfg.BatchSize, r.cfg.Lease.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	var out []pendingRow
+	var p pendingRow
+	if _, err := pgx.ForEachRow(rows, []any{&p.id, &p.event, &p.topic, &p.payload, &p.traceparent}, func() error {
+		out = append(out, p)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	slices.SortFunc(out, func(a, b pendingRow) int { return cmp.Compare(a.id, b.id) })
+	return out, nil
+}
+
+type refusal struct {
+	id     int64
+	reason string
+}
+
+// mark records what producing did, in one round trip.
+func (r *Relay) mark(ctx context.Context, ok []int64, refused []refusal, retry []int64) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	var b pgx.Batch
+	if len(ok) > 0 {
+		b.Queue(`UPDATE `+r.table+` SET published_at = now(), publishes = publishes + 1, lease_until = NULL
+WHERE id = ANY($1)`, ok)
+	}
+	if len(refused) > 0 {
+		ids := make([]int64, len(refused))
+		reasons := make([]string, len(refused))
+		for i, f := range refused {
+			ids[i], reasons[i] = f.id, f.reason
+		}
+		b.Queue(`UPDATE `+r.table+` AS o SET failed_at = now(), fail_reason = f.reason, lease_until = NULL
+FROM unnest($1::bigint[], $2::text[]) AS f(id, reason) WHERE o.id = f.id`, ids, reasons)
+	}
+	if len(retry) > 0 {
+		b.Queue(`UPDATE `+r.table+` SET lease_until = NULL WHERE id = ANY($1)`, retry)
+	}
+	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("mark %d outbox rows published, %d failed: %w", len(ok), len(refused), err)
+	}
+	return nil
+}
+
+// Refused reports whether err is the broker's (or the client's) refusal of
+// a record that no retry can change: too large, or invalid.
+func Refused(err error) bool {
+	for _, e := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.InvalidTopicException} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// Publish publishes one event to topic now, outside the outbox, within
+// ProduceTimeout: the demo's simulated broker redelivery. The record is
+// exactly what the relay sends.
 func (r *Relay) Publish(ctx context.Context, topic string, id uuid.UUID, payload []byte) error {
 	rec, span := r.record(ctx, topic, id, payload, "")
-	defer span.End()
-	return r.cl.ProduceSync(ctx, rec).FirstErr()
+	err := r.produce(ctx, []*kgo.Record{rec})[0]
+	endSpan(span, err)
+	return err
 }
 
 // record builds the Kafka record of an event, with a span "outbox.relay"
 // that is a child of traceparent (or of ctx), injected into its headers.
+// The caller ends the span.
 func (r *Relay) record(ctx context.Context, topic string, id uuid.UUID, payload []byte, traceparent string) (*kgo.Record, trace.Span) {
 	if traceparent != "" {
 		ctx = r.cfg.Propagator.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent})
@@ -177,4 +355,12 @@ func (r *Relay) record(ctx context.Context, topic string, id uuid.UUID, payload 
 	rec.Context = ctx
 	r.cfg.Propagator.Inject(ctx, wire.RecordCarrier{Record: rec})
 	return rec, span
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -156,10 +157,13 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-// migrate creates sink's and the demo handlers' tables in schema.
+// migrate creates sink's, the outbox's and the demo business's tables in
+// schema.
 func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if err := sink.Migrate(ctx, pool, schema); err != nil {
-		return err
+	for _, m := range []func(context.Context, *pgxpool.Pool, string) error{sink.Migrate, outbox.Migrate, orders.Migrate} {
+		if err := m(ctx, pool, schema); err != nil {
+			return err
+		}
 	}
-	return orders.Migrate(ctx, pool, schema)
+	return nil
 }

@@ -139,8 +139,15 @@ func startServe(ctx context.Context, a *app, o serveOptions) (*server, error) {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
 	closers = append(closers, pcl.Close)
-	relay := outbox.NewRelay(pool, pcl, outbox.RelayConfig{Schema: schema, Logger: a.log, TracerProvider: tp})
-	api := &api{store: outbox.NewStore(pool, schema, a.cfg.Bus, topic), relay: relay, pool: pool, schema: schema, handlers: a.cfg.Handlers,
+	relay, err := outbox.NewRelay(pool, pcl, outbox.RelayConfig{Schema: schema, Logger: a.log, TracerProvider: tp})
+	if err != nil {
+		return nil, err
+	}
+	store, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: schema, Bus: a.cfg.Bus, Topic: topic, SamePayload: orders.Same})
+	if err != nil {
+		return nil, err
+	}
+	api := &api{store: store, relay: relay, pool: pool, schema: schema, handlers: a.cfg.Handlers,
 		bus: a.cfg.Bus, topic: topic, tracer: tp.Tracer("github.com/onceflow/onceflow/cmd/onceflow")}
 	mux := baseMux(m, pool)
 	api.routes(mux)
@@ -228,13 +235,28 @@ func (h *api) enqueue(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "body is over 1 MiB")
 		return
 	}
-	if _, err := orders.Parse(body); err != nil {
+	o, err := orders.Parse(body)
+	if err != nil {
 		writeError(w, http.StatusBadRequest, "body: %v (want {\"user_id\":1,\"items\":[\"A\"]})", err)
 		return
 	}
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
-	acc, err := h.store.Enqueue(ctx, key, body, carrier["traceparent"])
+	acc := struct {
+		EventID  uuid.UUID `json:"event_id"`
+		OrderID  int64     `json:"order_id"`
+		Status   string    `json:"status"`
+		Replayed bool      `json:"-"`
+	}{EventID: key, Status: "accepted"}
+	res, err := h.store.Enqueue(ctx, outbox.Event{ID: key, Payload: body, Traceparent: carrier["traceparent"]},
+		func(ctx context.Context, tx pgx.Tx) (err error) {
+			acc.OrderID, err = orders.Insert(ctx, tx, h.schema, key, o)
+			return err
+		})
+	acc.Replayed = res.Replayed
+	if err == nil && res.Replayed {
+		acc.OrderID, err = orders.ID(ctx, h.pool, h.schema, key)
+	}
 	switch {
 	case errors.Is(err, outbox.ErrKeyReused):
 		writeError(w, http.StatusUnprocessableEntity, "Idempotency-Key %s was already used with a different order", key)
