@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/wire"
@@ -191,7 +192,7 @@ func runDemo(ctx context.Context, a *app, o demoOptions, serveMetrics bool, stdo
 	progress("publishing %d records: %d unique order events, %d redeliveries among them, then a replay of %d",
 		total, o.events, len(stream.Messages)-o.events, len(replay))
 
-	m := newMetrics()
+	m := metrics.New()
 	var pubErr error
 	published := make(chan struct{})
 	var sent atomic.Int64
@@ -225,7 +226,7 @@ func runDemo(ctx context.Context, a *app, o demoOptions, serveMetrics bool, stdo
 		if err != nil {
 			return err
 		}
-		m.add(c, cache)
+		m.Add(c, cache)
 		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		dm := &demoMember{name: name, c: c, cancel: cancel, done: make(chan error, 1)}
 		go func() { dm.done <- c.Run(mctx) }()

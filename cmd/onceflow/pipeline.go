@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 )
@@ -33,7 +33,7 @@ func (a *app) newWriter(pool *pgxpool.Pool, schema string, cache *dedup.Cache, t
 }
 
 // consumerConfig builds a consumer's config; name is its client id.
-func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvider, m *metrics) processor.Config {
+func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvider, m *metrics.Metrics) processor.Config {
 	k := a.cfg.Kafka
 	return processor.Config{
 		Brokers: brokers, Topics: k.Topics, Group: k.Group, ClientID: name,
@@ -41,7 +41,7 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 		Decode:          processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
 		DeadLetterTopic: k.DeadLetterTopic,
 		CommitInterval:  k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
-		Logger: a.log, TracerProvider: tp, OnBatch: m.onBatch,
+		Logger: a.log, TracerProvider: tp, OnBatch: m.OnBatch,
 		KafkaOptions: a.kafkaTracing(name),
 	}
 }
@@ -74,9 +74,9 @@ func serveHTTP(ctx context.Context, addr string, mux *http.ServeMux) (string, <-
 
 // baseMux serves /metrics, /healthz (the process is up) and /readyz
 // (Postgres answers).
-func baseMux(m *metrics, pool *pgxpool.Pool) *http.ServeMux {
+func baseMux(m *metrics.Metrics, pool *pgxpool.Pool) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -54,12 +55,12 @@ committing; Postgres keeps what committed, and the next owner resumes there.`,
 			if err != nil {
 				return err
 			}
-			m := newMetrics()
+			m := metrics.New()
 			c, err := processor.New(a.consumerConfig(a.cfg.Kafka.Brokers, a.cfg.Kafka.ClientID, tp, m), w)
 			if err != nil {
 				return err
 			}
-			m.add(c, cache)
+			m.Add(c, cache)
 			if a.cfg.HTTP.Addr != "" {
 				addr, _, err := serveHTTP(ctx, a.cfg.HTTP.Addr, baseMux(m, pool))
 				if err != nil {

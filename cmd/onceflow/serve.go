@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
@@ -125,14 +126,14 @@ func startServe(ctx context.Context, a *app, o serveOptions) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := newMetrics()
+	m := metrics.New()
 	cc := a.consumerConfig(brokers, a.cfg.Kafka.ClientID, tp, m)
 	cc.KafkaOptions = append(cc.KafkaOptions, kgo.MetadataMinAge(time.Second))
 	consumer, err := processor.New(cc, w)
 	if err != nil {
 		return nil, err
 	}
-	m.add(consumer, cache)
+	m.Add(consumer, cache)
 	pcl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(a.cfg.Kafka.ClientID + "-relay"),
 		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaTracing(a.cfg.Kafka.ClientID+"-relay")...)...)
 	if err != nil {

@@ -1,20 +1,22 @@
-package main
+package metrics
 
 import (
+	"net/http"
 	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/processor"
 )
 
-// metrics exposes the counters of every consumer of this process (the demo
-// runs several) and of the dedup cache, plus batch histograms fed by
-// processor.Config.OnBatch. It is safe for concurrent use.
-type metrics struct {
+// Metrics exposes the counters of every consumer of this process (the demo
+// runs several) and of their dedup caches, plus batch histograms fed by
+// processor.Config.OnBatch, to Prometheus. It is safe for concurrent use.
+type Metrics struct {
 	reg       *prometheus.Registry
 	batchSize prometheus.Histogram
 	batchDur  prometheus.Histogram
@@ -24,8 +26,10 @@ type metrics struct {
 	caches    []*dedup.Cache
 }
 
-func newMetrics() *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
+// New returns Metrics with their own registry, which also holds the Go
+// runtime's and the process's collectors.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "onceflow_batch_records", Help: "Records per committed batch.",
 		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
@@ -38,15 +42,22 @@ func newMetrics() *metrics {
 	return m
 }
 
-// add makes c and its writer's cache (nil if none) part of the metrics.
-func (m *metrics) add(c *processor.Consumer, cache *dedup.Cache) {
+// Add makes c and its writer's cache (nil if none) part of the metrics,
+// for as long as m lives.
+func (m *Metrics) Add(c *processor.Consumer, cache *dedup.Cache) {
 	m.mu.Lock()
 	m.consumers = append(m.consumers, c)
 	m.caches = append(m.caches, cache)
 	m.mu.Unlock()
 }
 
-func (m *metrics) onBatch(b processor.BatchInfo) {
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// OnBatch records a committed batch; it is a processor.Config.OnBatch.
+func (m *Metrics) OnBatch(b processor.BatchInfo) {
 	m.batchSize.Observe(float64(b.Records))
 	m.batchDur.Observe(b.Duration.Seconds())
 }
@@ -68,7 +79,7 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRecords, descApplied, descSkipped, descDead, descBatches, descRetries,
 		descFenced, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
 		ch <- d
@@ -76,7 +87,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector, summing over the consumers.
-func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	cs := append([]*processor.Consumer(nil), m.consumers...)
 	caches := append([]*dedup.Cache(nil), m.caches...)
@@ -112,6 +123,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	var lru dedup.Stats
 	for _, c := range caches {
+		if c == nil {
+			continue
+		}
 		st := c.Stats()
 		lru.Len += st.Len
 		lru.Hits += st.Hits
