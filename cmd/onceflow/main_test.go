@@ -17,9 +17,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"go.uber.org/goleak"
 
+	"github.com/onceflow/onceflow/demo"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // runCLI runs the onceflow command line with args, returning stdout and
 // the error.
@@ -50,7 +54,7 @@ func TestDemoJSONMatchesTablesAndServesMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
-	var sum demoSummary
+	var sum demo.Summary
 	if err := json.Unmarshal([]byte(out), &sum); err != nil {
 		t.Fatalf("demo output is not one JSON object: %v\n%s", err, out)
 	}

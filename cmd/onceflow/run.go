@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/api"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/processor"
@@ -24,54 +26,66 @@ the member leaves the group. A second signal aborts at once without
 committing; Postgres keeps what committed, and the next owner resumes there.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
 			a, err := load(cmd)
 			if err != nil {
 				return err
 			}
-			shutdownTracing, err := a.startTracing(ctx)
-			if err != nil {
-				return err
-			}
-			tp := a.tp
-			defer func() {
-				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				_ = shutdownTracing(sctx)
-			}()
-			pool, err := a.openPool(ctx, a.cfg.Postgres.PoolSize)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if err := migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
-				return err
-			}
-			cache, err := dedup.New(a.cfg.Dedup.LRUSize)
-			if err != nil {
-				return err
-			}
-			w, err := a.newWriter(pool, a.cfg.Postgres.Schema, cache, tp)
-			if err != nil {
-				return err
-			}
-			m := metrics.New()
-			c, err := processor.New(a.consumerConfig(a.cfg.Kafka.Brokers, a.cfg.Kafka.ClientID, tp, m), w)
-			if err != nil {
-				return err
-			}
-			m.Add(c, cache)
-			if a.cfg.HTTP.Addr != "" {
-				addr, _, err := serveHTTP(ctx, a.cfg.HTTP.Addr, baseMux(m, pool))
-				if err != nil {
-					return err
-				}
-				a.log.Info("http listening", "addr", addr)
-			}
-			done := make(chan struct{})
-			defer close(done)
-			abortOnSecondSignal(ctx, a, c, done)
-			return c.Run(ctx)
+			return a.run(cmd.Context())
 		},
 	}
+}
+
+func (a *app) run(ctx context.Context) (err error) {
+	shutdownTracing, err := a.startTracing(ctx)
+	if err != nil {
+		return err
+	}
+	defer flushTracing(ctx, shutdownTracing)
+	pool, err := a.openPool(ctx, a.cfg.Postgres.PoolSize)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
+		return err
+	}
+	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
+	if err != nil {
+		return err
+	}
+	w, err := a.newWriter(pool, a.cfg.Postgres.Schema, cache, a.tp)
+	if err != nil {
+		return err
+	}
+	m := metrics.New()
+	c, err := processor.New(a.consumerConfig(a.cfg.Kafka.Brokers, a.cfg.Kafka.ClientID, a.tp, m), w)
+	if err != nil {
+		return err
+	}
+	m.Add(c, cache)
+	if a.cfg.HTTP.Addr != "" {
+		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(pool, m.Handler()))
+		if err != nil {
+			return err
+		}
+		a.log.Info("http listening", "addr", srv.Addr())
+		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
+	}
+	stop := abortOnSecondSignal(ctx, a.log, c.Abort)
+	defer stop()
+	return c.Run(ctx)
+}
+
+// stopServer stops srv within 5s, also when ctx has ended.
+func stopServer(ctx context.Context, srv *api.Server) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return srv.Stop(sctx)
+}
+
+// flushTracing flushes pending spans within 5s, also when ctx has ended.
+func flushTracing(ctx context.Context, shutdown func(context.Context) error) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = shutdown(sctx)
 }

@@ -2,24 +2,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/api"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/orders"
@@ -53,8 +47,7 @@ the outbox relay (outbox rows to kafka.topics[0]) and the processor.
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			s, err := startServe(ctx, a, o)
+			s, err := a.startServe(cmd.Context(), o)
 			if err != nil {
 				return err
 			}
@@ -75,256 +68,135 @@ type server struct {
 	wait func() error // returns when ctx has ended and everything stopped
 }
 
-func startServe(ctx context.Context, a *app, o serveOptions) (*server, error) {
-	var closers []func()
-	cleanup := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
+// cleanup runs functions in reverse order of adding.
+type cleanup []func()
+
+func (c *cleanup) add(f func()) { *c = append(*c, f) }
+func (c cleanup) run() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
 	}
-	ok := false
+}
+
+// startServe starts everything serve runs; wait stops it once ctx ended.
+func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err error) {
+	var done cleanup
 	defer func() {
-		if !ok {
-			cleanup()
+		if err != nil {
+			done.run()
 		}
 	}()
 	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
 		return nil, err
 	}
-	tp := a.tp
-	closers = append(closers, func() { _ = shutdownTracing(context.WithoutCancel(ctx)) })
+	done.add(func() { flushTracing(ctx, shutdownTracing) })
 	pool, err := a.openPool(ctx, a.cfg.Postgres.PoolSize+1)
 	if err != nil {
 		return nil, err
 	}
-	closers = append(closers, pool.Close)
-	schema := a.cfg.Postgres.Schema
-	if err := migrate(ctx, pool, schema); err != nil {
+	done.add(pool.Close)
+	if err := migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
 		return nil, err
 	}
-	if err := outbox.Migrate(ctx, pool, schema); err != nil {
-		return nil, err
-	}
-	topic := a.cfg.Kafka.Topics[0]
-	brokers := a.cfg.Kafka.Brokers
-	if o.embeddedKafka {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(max(o.partitions, 1)), a.cfg.Kafka.Topics...),
-			kfake.SeedTopics(1, a.cfg.Kafka.DeadLetterTopic))
-		if err != nil {
-			return nil, fmt.Errorf("embedded kafka: %w", err)
-		}
-		closers = append(closers, c.Close)
-		brokers = c.ListenAddrs()
-	}
-
-	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
-	if err != nil {
-		return nil, err
-	}
-	w, err := a.newWriter(pool, schema, cache, tp)
+	brokers, err := a.serveBrokers(o, &done)
 	if err != nil {
 		return nil, err
 	}
 	m := metrics.New()
-	cc := a.consumerConfig(brokers, a.cfg.Kafka.ClientID, tp, m)
+	consumer, err := a.serveConsumer(pool, brokers, m)
+	if err != nil {
+		return nil, err
+	}
+	relay, err := a.serveRelay(pool, brokers, &done)
+	if err != nil {
+		return nil, err
+	}
+	mux, err := a.seedMux(pool, relay, m)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := api.Start(a.cfg.HTTP.Addr, mux)
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() { defer wg.Done(); errs[0] = consumer.Run(ctx) }()
+	go func() { defer wg.Done(); errs[1] = relay.Run(ctx) }()
+	return &server{addr: srv.Addr(), wait: func() error {
+		wg.Wait()
+		herr := stopServer(ctx, srv)
+		done.run()
+		return errors.Join(errs[0], errs[1], herr)
+	}}, nil
+}
+
+// serveBrokers is kafka.brokers, or an embedded Kafka's with
+// --embedded-kafka.
+func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
+	if !o.embeddedKafka {
+		return a.cfg.Kafka.Brokers, nil
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(max(o.partitions, 1)), a.cfg.Kafka.Topics...),
+		kfake.SeedTopics(1, a.cfg.Kafka.DeadLetterTopic))
+	if err != nil {
+		return nil, fmt.Errorf("embedded kafka: %w", err)
+	}
+	done.add(c.Close)
+	return c.ListenAddrs(), nil
+}
+
+func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Metrics) (*processor.Consumer, error) {
+	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
+	if err != nil {
+		return nil, err
+	}
+	w, err := a.newWriter(pool, a.cfg.Postgres.Schema, cache, a.tp)
+	if err != nil {
+		return nil, err
+	}
+	cc := a.consumerConfig(brokers, a.cfg.Kafka.ClientID, a.tp, m)
 	cc.KafkaOptions = append(cc.KafkaOptions, kgo.MetadataMinAge(time.Second))
 	consumer, err := processor.New(cc, w)
 	if err != nil {
 		return nil, err
 	}
 	m.Add(consumer, cache)
-	pcl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(a.cfg.Kafka.ClientID + "-relay"),
-		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaTracing(a.cfg.Kafka.ClientID+"-relay")...)...)
+	return consumer, nil
+}
+
+func (a *app) serveRelay(pool *pgxpool.Pool, brokers []string, done *cleanup) (*outbox.Relay, error) {
+	id := a.cfg.Kafka.ClientID + "-relay"
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id),
+		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaTracing(id)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
-	closers = append(closers, pcl.Close)
-	relay, err := outbox.NewRelay(pool, pcl, outbox.RelayConfig{Schema: schema, Logger: a.log, TracerProvider: tp})
+	done.add(cl.Close)
+	return outbox.NewRelay(pool, cl, outbox.RelayConfig{Schema: a.cfg.Postgres.Schema, Logger: a.log, TracerProvider: a.tp})
+}
+
+// seedMux serves the seed's API, health and metrics.
+func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metrics) (*http.ServeMux, error) {
+	store, err := a.outboxStore(pool)
 	if err != nil {
 		return nil, err
 	}
-	store, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: schema, Bus: a.cfg.Bus, Topic: topic, SamePayload: orders.Same})
+	seed, err := api.NewSeed(api.SeedConfig{Pool: pool, Store: store, Publisher: relay, Schema: a.cfg.Postgres.Schema,
+		Bus: a.cfg.Bus, Topic: a.cfg.Kafka.Topics[0], Handlers: a.cfg.Handlers, TracerProvider: a.tp})
 	if err != nil {
 		return nil, err
 	}
-	api := &api{store: store, relay: relay, pool: pool, schema: schema, handlers: a.cfg.Handlers,
-		bus: a.cfg.Bus, topic: topic, tracer: tp.Tracer("github.com/onceflow/onceflow/cmd/onceflow")}
-	mux := baseMux(m, pool)
-	api.routes(mux)
-
-	hctx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	addr, httpErr, err := serveHTTP(hctx, a.cfg.HTTP.Addr, mux)
-	if err != nil {
-		stopHTTP()
-		return nil, err
-	}
-
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	wg.Add(2)
-	go func() { defer wg.Done(); errs[0] = consumer.Run(ctx) }()
-	go func() { defer wg.Done(); errs[1] = relay.Run(ctx) }()
-	ok = true
-	return &server{addr: addr, wait: func() error {
-		wg.Wait()
-		stopHTTP()
-		herr := <-httpErr
-		cleanup()
-		return errors.Join(errs[0], errs[1], herr)
-	}}, nil
+	mux := api.NewMux(pool, m.Handler())
+	seed.Register(mux)
+	return mux, nil
 }
 
-// api serves the seed's endpoints.
-type api struct {
-	store    *outbox.Store
-	relay    *outbox.Relay
-	pool     *pgxpool.Pool
-	schema   string
-	handlers []string
-	bus      string
-	topic    string
-	tracer   trace.Tracer
-}
-
-func (h *api) routes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /events-outbox/{bus}", h.enqueue)
-	mux.HandleFunc("GET /audit/event/{id}", h.audit)
-	mux.HandleFunc("POST /demo/replay-event/{id}", h.replay)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, format string, args ...any) {
-	writeJSON(w, status, map[string]string{"error": fmt.Sprintf(format, args...)})
-}
-
-// parseID accepts only a canonical UUID.
-func parseID(s string) (uuid.UUID, bool) {
-	id, err := uuid.Parse(s)
-	return id, err == nil && len(s) == 36
-}
-
-func (h *api) enqueue(w http.ResponseWriter, r *http.Request) {
-	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := h.tracer.Start(ctx, "POST /events-outbox/{bus}", trace.WithSpanKind(trace.SpanKindServer))
-	defer span.End()
-	if bus := r.PathValue("bus"); bus != h.bus {
-		writeError(w, http.StatusBadRequest, "bus %q is not served here: only %q is", bus, h.bus)
-		return
-	}
-	rawKey := r.Header.Get("Idempotency-Key")
-	if rawKey == "" {
-		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is required: a UUID the client chooses once per order and repeats on every retry")
-		return
-	}
-	key, ok := parseID(rawKey)
-	if !ok {
-		writeError(w, http.StatusBadRequest, "Idempotency-Key %q is not a UUID (like 7f8a0000-0000-0000-0000-000000000001)", rawKey)
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20+1))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "read body: %v", err)
-		return
-	}
-	if len(body) > 1<<20 {
-		writeError(w, http.StatusRequestEntityTooLarge, "body is over 1 MiB")
-		return
-	}
-	o, err := orders.Parse(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "body: %v (want {\"user_id\":1,\"items\":[\"A\"]})", err)
-		return
-	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	acc := struct {
-		EventID  uuid.UUID `json:"event_id"`
-		OrderID  int64     `json:"order_id"`
-		Status   string    `json:"status"`
-		Replayed bool      `json:"-"`
-	}{EventID: key, Status: "accepted"}
-	res, err := h.store.Enqueue(ctx, outbox.Event{ID: key, Payload: body, Traceparent: carrier["traceparent"]},
-		func(ctx context.Context, tx pgx.Tx) (err error) {
-			acc.OrderID, err = orders.Insert(ctx, tx, h.schema, key, o)
-			return err
-		})
-	acc.Replayed = res.Replayed
-	if err == nil && res.Replayed {
-		acc.OrderID, err = orders.ID(ctx, h.pool, h.schema, key)
-	}
-	switch {
-	case errors.Is(err, outbox.ErrKeyReused):
-		writeError(w, http.StatusUnprocessableEntity, "Idempotency-Key %s was already used with a different order", key)
-		return
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, "enqueue: %v", err)
-		return
-	}
-	if acc.Replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
-	writeJSON(w, http.StatusOK, acc)
-}
-
-func (h *api) audit(w http.ResponseWriter, r *http.Request) {
-	id, ok := parseID(r.PathValue("id"))
-	if !ok {
-		writeError(w, http.StatusBadRequest, "event id %q is not a UUID", r.PathValue("id"))
-		return
-	}
-	ev, err := auditEvent(r.Context(), h.pool, h.schema, h.handlers, id)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "audit: %v", err)
-		return
-	}
-	st, err := h.store.Status(r.Context(), id)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "audit: %v", err)
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		eventAudit
-		Outbox outbox.Status `json:"outbox"`
-	}{ev, st})
-}
-
-func (h *api) replay(w http.ResponseWriter, r *http.Request) {
-	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	ctx, span := h.tracer.Start(ctx, "POST /demo/replay-event/{id}", trace.WithSpanKind(trace.SpanKindServer))
-	defer span.End()
-	r = r.WithContext(ctx)
-	id, ok := parseID(r.PathValue("id"))
-	if !ok {
-		writeError(w, http.StatusBadRequest, "event id %q is not a UUID", r.PathValue("id"))
-		return
-	}
-	payload, err := h.store.Payload(r.Context(), id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		writeError(w, http.StatusNotFound, "no event %s in the outbox: POST it to /events-outbox/%s first", id, h.bus)
-		return
-	}
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "replay: %v", err)
-		return
-	}
-	if err := h.relay.Publish(r.Context(), h.topic, id, payload); err != nil {
-		writeError(w, http.StatusBadGateway, "publish to kafka: %v", err)
-		return
-	}
-	if err := h.store.MarkRepublished(r.Context(), id); err != nil {
-		writeError(w, http.StatusInternalServerError, "replay: %v", err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{
-		"event_id": id.String(),
-		"status":   "replayed",
-		"note": strings.Join([]string{"event re-published to the broker with the same event_id;",
-			"the consumer's dedup should skip it (check /audit/event/" + id.String() + ")"}, " "),
-	})
+// outboxStore is the outbox of postgres.schema, whose events go to the
+// first of kafka.topics; repeated keys are compared as orders.
+func (a *app) outboxStore(pool *pgxpool.Pool) (*outbox.Store, error) {
+	return outbox.NewStore(pool, outbox.StoreConfig{Schema: a.cfg.Postgres.Schema, Bus: a.cfg.Bus,
+		Topic: a.cfg.Kafka.Topics[0], SamePayload: orders.Same})
 }

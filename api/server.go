@@ -1,0 +1,75 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NewMux returns a mux serving /healthz (the process is up), /readyz
+// (Postgres answers within 2s) and, when metrics is not nil, /metrics.
+func NewMux(pool *pgxpool.Pool, metrics http.Handler) *http.ServeMux {
+	mux := http.NewServeMux()
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := pool.Ping(ctx); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "postgres does not answer"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	return mux
+}
+
+// Server is an HTTP server started by Start. Its owner calls Stop on every
+// path; Stop is safe to call once.
+type Server struct {
+	srv  *http.Server
+	addr string
+	errc chan error // Serve's result; buffered, read by Stop
+}
+
+// Start listens on addr and serves h in a goroutine the Server owns until
+// Stop. The error names addr when it cannot listen.
+func Start(addr string, h http.Handler) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http.addr %s: %w", addr, err)
+	}
+	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, addr: ln.Addr().String(),
+		errc: make(chan error, 1)}
+	go func() {
+		err := s.srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		s.errc <- err
+	}()
+	return s, nil
+}
+
+// Addr is the address the server listens on (the port chosen, for ":0").
+func (s *Server) Addr() string { return s.addr }
+
+// Stop shuts the server down, letting requests in flight finish until ctx
+// ends, and returns once its goroutine has exited, with the error the
+// server stopped on, if any.
+func (s *Server) Stop(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		_ = s.srv.Close()
+	}
+	return errors.Join(<-s.errc, err)
+}

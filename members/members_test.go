@@ -1,0 +1,170 @@
+package members_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/onceflow/onceflow/members"
+	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/sinktest"
+	"github.com/onceflow/onceflow/wire"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type env struct {
+	brokers []string
+	topic   string
+	group   string
+	schema  string
+	start   members.Starter
+}
+
+func newEnv(t *testing.T, partitions int32) *env {
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	e := &env{topic: "orders-" + hex.EncodeToString(r[:]), group: "g-" + hex.EncodeToString(r[:])}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, e.topic),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	e.brokers = c.ListenAddrs()
+	pool := sinktest.Pool(t)
+	e.schema = sinktest.Schema(t, pool, orders.Migrate)
+	hs, err := orders.Handlers(e.schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.start = members.InProcess(members.InProcessConfig{
+		Pool: pool, LRUSize: 1000,
+		Consumer: members.Tuned(processor.Config{Brokers: e.brokers, Topics: []string{e.topic}, Group: e.group,
+			BatchMaxRecords: 100, BatchLinger: 20 * time.Millisecond}),
+		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs},
+	})
+	return e
+}
+
+func (e *env) produce(t *testing.T, s orders.Stream) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, len(s.Messages))
+	for i, m := range s.Messages {
+		recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Members join, leave and crash while a stream with redeliveries is
+// consumed; the group waits until everything committed, stops every
+// member, and the effects are exactly once.
+func TestGroupChurnsAndStops(t *testing.T) {
+	e := newEnv(t, 4)
+	stream, err := orders.Generate(3000, 0.3, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.produce(t, stream)
+	g := members.NewGroup(e.start)
+	defer func() {
+		if err := g.StopAll(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for range 2 {
+		if _, err := g.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var crashes int
+	for n := 1; n <= 3; n++ {
+		crashed, err := g.Churn(t.Context(), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if crashed {
+			crashes++
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	pool := sinktest.Pool(t)
+	if err := members.WaitCommitted(ctx, pool, e.schema, e.group, int64(len(stream.Messages)), 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.StopAll(); err != nil {
+		t.Fatal(err)
+	}
+	if c := g.Counts(); c != (members.Counts{Started: 5, Running: 0, Left: 2, Crashed: 1}) || crashes != 1 {
+		t.Errorf("counts %+v, %d crashes; want 5 started, 2 left, 1 crashed (the third change)", c, crashes)
+	}
+	if s := g.Stats(); s.RecordsConsumed < int64(len(stream.Messages)) || s.Assigned == 0 {
+		t.Errorf("stats over every member: %+v; want every record consumed at least once", s)
+	}
+	rep, err := orders.Check(t.Context(), pool, e.schema, stream.Unique)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once:\n%s", strings.Join(rep.Problems, "\n"))
+	}
+}
+
+// A starter that fails leaves the members started before it running for
+// StopAll, which stops them; nothing leaks (goleak checks).
+func TestStopAllAfterAFailedStart(t *testing.T) {
+	e := newEnv(t, 2)
+	calls := 0
+	g := members.NewGroup(func(ctx context.Context, name string) (members.Member, error) {
+		calls++
+		if calls == 3 {
+			return nil, errors.New("no more")
+		}
+		return e.start(ctx, name)
+	})
+	for range 2 {
+		if _, err := g.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := g.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "start member-3: no more") {
+		t.Fatalf("third start: %v", err)
+	}
+	if err := g.StopAll(); err != nil {
+		t.Fatal(err)
+	}
+	if c := g.Counts(); c.Started != 2 || c.Running != 0 {
+		t.Errorf("counts %+v, want 2 started, none running", c)
+	}
+	if ok, err := g.Leave(); ok || err != nil {
+		t.Errorf("Leave with no member: %v, %v", ok, err)
+	}
+}
+
+func TestCrashTurn(t *testing.T) {
+	var got []bool
+	for n := 1; n <= 6; n++ {
+		got = append(got, members.CrashTurn(n))
+	}
+	if want := []bool{false, false, true, false, false, true}; !slices.Equal(got, want) {
+		t.Errorf("crash turns %v, want %v", got, want)
+	}
+}
