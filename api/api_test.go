@@ -2,7 +2,6 @@ package api_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceflow/onceflow/api"
+	"github.com/onceflow/onceflow/api/apitest"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
@@ -74,29 +74,12 @@ func newSeed(t *testing.T) *seed {
 
 func (s *seed) do(method, path string, headers map[string]string, body string) (int, http.Header, map[string]any) {
 	s.t.Helper()
-	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
-		s.t.Fatalf("%s %s answered non-JSON %q", method, path, raw)
-	}
-	return resp.StatusCode, resp.Header, out
+	return apitest.Client{T: s.t, Base: s.url}.Do(method, path, headers, body)
 }
 
 func (s *seed) post(key, body string) (int, http.Header, map[string]any) {
-	return s.do("POST", "/events-outbox/kafka", map[string]string{"Idempotency-Key": key}, body)
+	s.t.Helper()
+	return apitest.Client{T: s.t, Base: s.url}.Post(key, body)
 }
 
 func (s *seed) audit(id string) map[string]any {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/members"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
@@ -115,46 +116,11 @@ func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 // perRecordDedup is onceflow's own pipeline with one-record batches: a
 // transaction (claim, handlers, offset compare-and-set, COMMIT) per record.
 func (b *bench) perRecordDedup(ctx context.Context) (*Run, error) {
-	stream, err := orders.Generate(b.o.naiveEvents, b.o.duplicates, b.o.seed)
-	if err != nil {
-		return nil, err
-	}
-	e, err := b.newEnv(ctx, "per-record-dedup")
-	if err != nil {
-		return nil, err
-	}
-	defer e.close()
-	if err := e.preload(ctx, stream.Messages); err != nil {
-		return nil, err
-	}
-	progress("per-record-dedup: %d records, a transaction each", len(stream.Messages))
-	r := &Run{Name: "per-record-dedup", Kind: "baseline", Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
-	g := &group{b: b, e: e, cfg: func(c *processor.Config) { c.BatchMaxRecords = 1 }}
-	resetPeakRSS()
-	start := time.Now()
-	for range b.o.members {
-		if err := g.start(ctx); err != nil {
-			return nil, err
-		}
-	}
-	for {
-		done, err := e.committed(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if done >= int64(r.Records) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			g.stopAll()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	r.Seconds = time.Since(start).Seconds()
-	g.stopAll()
-	return b.finish(ctx, r, g, e, stream)
+	oneRecord := func(c *processor.Config) { c.BatchMaxRecords = 1 }
+	return b.runGroup(ctx, "per-record-dedup", "baseline", b.o.naiveEvents, oneRecord,
+		func(ctx context.Context, r *Run, _ *group, e *env, _ time.Time) error {
+			return members.WaitCommitted(ctx, e.pool, e.schema, e.group, int64(r.Records), 100*time.Millisecond)
+		})
 }
 
 // naive consumes with plain franz-go and writes each record's effects

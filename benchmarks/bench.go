@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/members"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
@@ -171,115 +171,64 @@ func (e *env) preload(ctx context.Context, msgs []orders.Message) error {
 }
 
 func (e *env) committed(ctx context.Context) (int64, error) {
-	var n int64
-	err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+
-		pgx.Identifier{e.schema, "sink_offsets"}.Sanitize()+` WHERE consumer_group = $1`, e.group).Scan(&n)
-	return n, err
+	return members.Committed(ctx, e.pool, e.schema, e.group)
 }
 
-// group runs members of one consumer group and keeps every member's stats
-// and every batch's duration.
+// group is the members of one run's consumer group, with every batch's
+// duration.
 type group struct {
-	b   *bench
-	e   *env
+	*members.Group
 	mu  sync.Mutex
-	all []*member
-	run []*member
 	dur []time.Duration
-	cfg func(*processor.Config)
 }
 
-type member struct {
-	c      *processor.Consumer
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func (g *group) start(ctx context.Context) error {
-	hs, err := orders.Handlers(g.e.schema, g.b.o.handlers...)
+// newGroup returns the members of e's group; tune, if set, adjusts each
+// member's consumer config.
+func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
+	hs, err := orders.Handlers(e.schema, b.o.handlers...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	cache, err := dedup.New(100000)
-	if err != nil {
-		return err
-	}
-	w, err := sink.New(g.e.pool, sink.Config{Schema: g.e.schema, Group: g.e.group, Handlers: hs, Cache: cache, Logger: g.b.log})
-	if err != nil {
-		return err
-	}
-	cfg := processor.Config{
-		Brokers: g.e.brokers, Topics: []string{g.e.topic}, Group: g.e.group,
-		ClientID: "bench-" + strconv.Itoa(len(g.all)+1), BatchMaxRecords: g.b.o.batch, BatchLinger: 20 * time.Millisecond,
-		SessionTimeout: 3 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: g.b.log,
+	g := &group{}
+	cfg := members.Tuned(processor.Config{
+		Brokers: e.brokers, Topics: []string{e.topic}, Group: e.group,
+		BatchMaxRecords: b.o.batch, BatchLinger: 20 * time.Millisecond, Logger: b.log,
 		OnBatch: func(bi processor.BatchInfo) {
 			g.mu.Lock()
 			g.dur = append(g.dur, bi.Duration)
 			g.mu.Unlock()
 		},
-		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond)},
+	})
+	if tune != nil {
+		tune(&cfg)
 	}
-	if g.cfg != nil {
-		g.cfg(&cfg)
-	}
-	c, err := processor.New(cfg, w)
-	if err != nil {
-		return err
-	}
-	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m := &member{c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { m.done <- c.Run(mctx) }()
-	g.mu.Lock()
-	g.all = append(g.all, m)
-	g.run = append(g.run, m)
-	g.mu.Unlock()
-	return nil
+	g.Group = members.NewGroup(members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000,
+		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Logger: b.log}}))
+	return g, nil
 }
 
-// stopOldest stops the longest-running member, cleanly or as a crash.
-func (g *group) stopOldest(crash bool) {
-	g.mu.Lock()
-	if len(g.run) == 0 {
-		g.mu.Unlock()
-		return
-	}
-	m := g.run[0]
-	g.run = g.run[1:]
-	g.mu.Unlock()
-	if crash {
-		m.c.Abort()
-	} else {
-		m.cancel()
-	}
-	<-m.done
-	m.cancel()
-}
-
-func (g *group) stopAll() {
-	for {
-		g.mu.Lock()
-		n := len(g.run)
-		g.mu.Unlock()
-		if n == 0 {
-			return
+// startN starts n members.
+func (g *group) startN(ctx context.Context, n int) error {
+	for range n {
+		if _, err := g.Start(ctx); err != nil {
+			return err
 		}
-		g.stopOldest(false)
 	}
-}
-
-func (g *group) stats() processor.Stats {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var s processor.Stats
-	for _, m := range g.all {
-		s = s.Plus(m.c.Stats())
-	}
-	return s
+	return nil
 }
 
 // scenario runs one of steady, storm and replay.
 func (b *bench) scenario(ctx context.Context, name string) (*Run, error) {
-	stream, err := orders.Generate(b.o.events, b.o.duplicates, b.o.seed)
+	return b.runGroup(ctx, name, "scenario", b.o.events, nil, b.drive)
+}
+
+// runGroup pre-loads a generated stream of events into a fresh env, runs
+// -members members of a group (their consumer configs adjusted by tune)
+// until drive returns, stops them and checks the tables. The members are
+// stopped on every path before the env is dropped.
+func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tune func(*processor.Config),
+	drive func(ctx context.Context, r *Run, g *group, e *env, start time.Time) error) (*Run, error) {
+	stream, err := orders.Generate(events, b.o.duplicates, b.o.seed)
 	if err != nil {
 		return nil, err
 	}
@@ -292,21 +241,36 @@ func (b *bench) scenario(ctx context.Context, name string) (*Run, error) {
 	if err := e.preload(ctx, stream.Messages); err != nil {
 		return nil, err
 	}
-	total := int64(len(stream.Messages))
-	r := &Run{Name: name, Kind: "scenario", Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
-	g := &group{b: b, e: e}
+	r := &Run{Name: name, Kind: kind, Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
+	g, err := b.newGroup(e, tune)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = g.StopAll() }() // before e.close drops the schema
 	resetPeakRSS()
 	start := time.Now()
-	since := func() float64 { return time.Since(start).Seconds() }
-	for range b.o.members {
-		if err := g.start(ctx); err != nil {
-			return nil, err
-		}
+	if err := g.startN(ctx, b.o.members); err != nil {
+		return nil, err
 	}
+	if err := drive(ctx, r, g, e, start); err != nil {
+		return nil, err
+	}
+	r.Seconds = time.Since(start).Seconds()
+	if err := g.StopAll(); err != nil {
+		return nil, err
+	}
+	return b.finish(ctx, r, g, e, stream)
+}
+
+// drive samples the run and changes its membership (storm) or rewinds it
+// (replay) until every record is committed (twice over, for replay).
+func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.Time) error {
+	since := func() float64 { return time.Since(start).Seconds() }
+	total := int64(r.Records)
 	sample := time.NewTicker(250 * time.Millisecond)
 	defer sample.Stop()
 	var storm <-chan time.Time
-	if name == "storm" {
+	if r.Name == "storm" {
 		t := time.NewTicker(b.o.stormEvery)
 		defer t.Stop()
 		storm = t.C
@@ -316,52 +280,59 @@ func (b *bench) scenario(ctx context.Context, name string) (*Run, error) {
 	for {
 		select {
 		case <-ctx.Done():
-			g.stopAll()
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-storm:
 			changes++
-			switch changes % 3 {
-			case 1: // join
-				if err := g.start(ctx); err != nil {
-					return nil, err
-				}
-				r.Marks = append(r.Marks, Mark{since(), "join"})
-			case 2: // leave
-				g.stopOldest(false)
-				r.Marks = append(r.Marks, Mark{since(), "leave"})
-			case 0: // crash, and a replacement joins
-				g.stopOldest(true)
-				r.Marks = append(r.Marks, Mark{since(), "crash"})
-				if err := g.start(ctx); err != nil {
-					return nil, err
-				}
+			if err := stormChange(ctx, r, g, changes, since()); err != nil {
+				return err
 			}
 		case <-sample.C:
-			s := g.stats()
+			s := g.Stats()
 			r.Samples = append(r.Samples, Sample{since(), s.Applied, s.RecordsConsumed, s.SkippedLRU, s.SkippedPostgres})
 			done, err := e.committed(ctx)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			if time.Since(lastLog) > 2*time.Second {
 				progress("%s: %5.1fs committed %d/%d records, applied %d, skipped lru %d postgres %d",
-					name, since(), done, total, s.Applied, s.SkippedLRU, s.SkippedPostgres)
+					r.Name, since(), done, total, s.Applied, s.SkippedLRU, s.SkippedPostgres)
 				lastLog = time.Now()
 			}
-			if name == "replay" && !reset && done >= total/2 {
+			if r.Name == "replay" && !reset && done >= total/2 {
 				reset = true
 				r.Marks = append(r.Marks, Mark{since(), "reset"}) // the stop is part of what recovers
 				if err := b.rewind(ctx, g, e); err != nil {
-					return nil, err
+					return err
 				}
 				continue
 			}
-			if done >= total && (name != "replay" || reset) {
-				r.Seconds = since()
-				g.stopAll()
-				return b.finish(ctx, r, g, e, stream)
+			if done >= total && (r.Name != "replay" || reset) {
+				return nil
 			}
 		}
+	}
+}
+
+// stormChange is the storm's n-th membership change: a member joins, the
+// oldest leaves, or (every third change, members.CrashTurn) the oldest
+// crashes and a replacement joins.
+func stormChange(ctx context.Context, r *Run, g *group, n int, at float64) error {
+	switch {
+	case members.CrashTurn(n):
+		if _, err := g.Crash(); err != nil {
+			return err
+		}
+		r.Marks = append(r.Marks, Mark{at, "crash"})
+		_, err := g.Start(ctx)
+		return err
+	case n%3 == 1:
+		r.Marks = append(r.Marks, Mark{at, "join"})
+		_, err := g.Start(ctx)
+		return err
+	default:
+		r.Marks = append(r.Marks, Mark{at, "leave"})
+		_, err := g.Leave()
+		return err
 	}
 }
 
@@ -369,8 +340,10 @@ func (b *bench) scenario(ctx context.Context, name string) (*Run, error) {
 // start of every partition, and starts it again: every record is read once
 // more, and dedup must apply none of them twice.
 func (b *bench) rewind(ctx context.Context, g *group, e *env) error {
-	n := len(g.run)
-	g.stopAll()
+	n := g.Counts().Running
+	if err := g.StopAll(); err != nil {
+		return err
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
 	if err != nil {
 		return err
@@ -391,16 +364,11 @@ func (b *bench) rewind(ctx context.Context, g *group, e *env) error {
 		` SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
 		return fmt.Errorf("rewind stored offsets: %w", err)
 	}
-	for range n {
-		if err := g.start(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+	return g.startN(ctx, n)
 }
 
 func (b *bench) finish(ctx context.Context, r *Run, g *group, e *env, stream orders.Stream) (*Run, error) {
-	s := g.stats()
+	s := g.Stats()
 	r.RecordsConsumed, r.SkippedLRU, r.SkippedPostgres = s.RecordsConsumed, s.SkippedLRU, s.SkippedPostgres
 	r.UniqueEventsPerSec = float64(r.UniqueEvents) / r.Seconds
 	r.RecordsPerSec = float64(r.RecordsConsumed) / r.Seconds

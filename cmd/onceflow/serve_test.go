@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/api/apitest"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
@@ -73,29 +73,12 @@ func startSeedServer(t *testing.T) *seedServer {
 
 func (s *seedServer) do(method, path string, headers map[string]string, body string) (int, http.Header, map[string]any) {
 	s.t.Helper()
-	req, err := http.NewRequest(method, s.base+path, strings.NewReader(body))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
-		s.t.Fatalf("%s %s answered non-JSON %q", method, path, raw)
-	}
-	return resp.StatusCode, resp.Header, out
+	return apitest.Client{T: s.t, Base: s.base}.Do(method, path, headers, body)
 }
 
 func (s *seedServer) post(key, body string) (int, http.Header, map[string]any) {
-	return s.do("POST", "/events-outbox/kafka", map[string]string{"Idempotency-Key": key}, body)
+	s.t.Helper()
+	return apitest.Client{T: s.t, Base: s.base}.Post(key, body)
 }
 
 // audit polls GET /audit/event/{id} until cond holds, failing after 30s.
