@@ -1,8 +1,3 @@
-// Package config is onceflow's one configuration: a Config loaded by Load
-// from, in rising precedence, defaults, a YAML file, ONCEFLOW_* environment
-// variables and command-line flags, then validated with every problem named
-// by its key. Only package main imports it; the pipeline's packages take
-// plain structs built from it.
 package config
 
 import (
@@ -243,7 +238,8 @@ var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 func IsIdentifier(s string) bool { return identifier.MatchString(s) }
 
 // Validate returns every problem with c, each naming its key. It never
-// includes a password in its messages.
+// includes a password in its messages. It is long on purpose: one check
+// per key, in the keys' order, so that a key's rule is found by its name.
 func (c Config) Validate() error {
 	var ps []error
 	bad := func(key, format string, args ...any) {

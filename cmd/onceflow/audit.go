@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/api"
@@ -19,26 +20,19 @@ func newAuditCmd() *cobra.Command {
 			if !ok {
 				return fmt.Errorf("event id %q is not a UUID (like 7f8a0000-0000-0000-0000-000000000001)", args[0])
 			}
-			a, err := load(cmd)
-			if err != nil {
-				return err
-			}
-			pool, err := a.openPool(cmd.Context(), 1)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			store, err := a.outboxStore(pool)
-			if err != nil {
-				return err
-			}
-			res, err := api.Audit(cmd.Context(), pool, store, a.cfg.Postgres.Schema, a.cfg.Handlers, id)
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(res)
+			return withPool(cmd, func(a *app, pool *pgxpool.Pool) error {
+				store, err := a.outboxStore(pool)
+				if err != nil {
+					return err
+				}
+				res, err := api.Audit(cmd.Context(), pool, store, a.cfg.Postgres.Schema, a.cfg.Handlers, id)
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			})
 		},
 	}
 }

@@ -1,5 +1,3 @@
-// Command onceflow turns Kafka's at-least-once delivery into effectively-once
-// effects in PostgreSQL. See README.md; `onceflow help` lists the commands.
 package main
 
 import (
@@ -146,6 +144,21 @@ func (a *app) openPool(ctx context.Context, size int) (*pgxpool.Pool, error) {
 			config.RedactDSN(a.cfg.Postgres.DSN), redactErr(err, a.cfg.Postgres.DSN))
 	}
 	return pool, nil
+}
+
+// withPool loads the config and runs f with a one-connection pool, closed
+// after: the short commands' frame.
+func withPool(cmd *cobra.Command, f func(*app, *pgxpool.Pool) error) error {
+	a, err := load(cmd)
+	if err != nil {
+		return err
+	}
+	pool, err := a.openPool(cmd.Context(), 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return f(a, pool)
 }
 
 // redactErr removes the DSN's password from an error message.

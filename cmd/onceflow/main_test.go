@@ -23,7 +23,14 @@ import (
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks that no goroutine outlives the tests, except the
+// keep-alive connections of HTTP clients: the OTLP/HTTP exporter's own
+// transport keeps its idle connection to Jaeger after Shutdown.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"))
+}
 
 // runCLI runs the onceflow command line with args, returning stdout and
 // the error.
@@ -215,4 +222,41 @@ func freshSchema(t *testing.T, pool *pgxpool.Pool, prefix string) string {
 	schema := prefix + hex.EncodeToString(b[:])
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
 	return schema
+}
+
+// `onceflow audit` shows an event's outbox row, a broker's refusal
+// included, next to what the consumer side recorded.
+func TestAuditShowsOutboxFailure(t *testing.T) {
+	dsn := sinktest.DSN(t)
+	pool := sinktest.Pool(t)
+	schema := freshSchema(t, pool, "test_audit_")
+	if _, err := runCLI(t, io.Discard, "migrate", "--dsn", dsn, "--schema", schema); err != nil {
+		t.Fatal(err)
+	}
+	id := "7f8a0000-0000-0000-0000-0000000000f1"
+	if _, err := pool.Exec(t.Context(), `INSERT INTO `+schema+`.outbox (event_id, bus, topic, payload, failed_at, fail_reason)
+VALUES ($1, 'kafka', 'orders', '{}', now(), 'MESSAGE_TOO_LARGE: over the limit')`, id); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, io.Discard, "audit", id, "--dsn", dsn, "--schema", schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a struct {
+		EventID string `json:"event_id"`
+		Outbox  struct {
+			Count      int     `json:"count"`
+			Published  bool    `json:"published"`
+			FailedAt   *string `json:"failed_at"`
+			FailReason string  `json:"fail_reason"`
+		} `json:"outbox"`
+		Processed []any `json:"processed"`
+	}
+	if err := json.Unmarshal([]byte(out), &a); err != nil {
+		t.Fatalf("audit output: %v\n%s", err, out)
+	}
+	if a.EventID != id || a.Outbox.Count != 1 || a.Outbox.Published || a.Outbox.FailedAt == nil ||
+		a.Outbox.FailReason != "MESSAGE_TOO_LARGE: over the limit" || a.Processed == nil {
+		t.Errorf("audit = %s", out)
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
 
@@ -11,25 +12,19 @@ func newMigrateCmd() *cobra.Command {
 		Use:   "migrate",
 		Short: "Create or upgrade onceflow's tables in postgres.schema",
 		Long: `migrate creates the schema named by postgres.schema if needed, and in it
-processed_events, sink_offsets, dead_letters and the demo business tables
-(emails_sent, inventory_reserved, analytics_counters, recommender_weights).
+processed_events, sink_offsets, dead_letters, the outbox and the demo
+business tables (orders, emails_sent, inventory_reserved,
+analytics_counters, recommender_weights).
 It is idempotent and safe to run concurrently; run also migrates at start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := load(cmd)
-			if err != nil {
-				return err
-			}
-			pool, err := a.openPool(cmd.Context(), 1)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if err := migrate(cmd.Context(), pool, a.cfg.Postgres.Schema); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "schema %s is up to date\n", a.cfg.Postgres.Schema)
-			return nil
+			return withPool(cmd, func(a *app, pool *pgxpool.Pool) error {
+				if err := migrate(cmd.Context(), pool, a.cfg.Postgres.Schema); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "schema %s is up to date\n", a.cfg.Postgres.Schema)
+				return nil
+			})
 		},
 	}
 }

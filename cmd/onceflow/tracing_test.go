@@ -159,21 +159,43 @@ func checkTraces(t *testing.T, query, protocol, endpoint string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	byID := map[string]otlpSpan{}
-	for _, sp := range spans {
-		byID[sp.SpanID] = sp
-	}
-	children := func(parent string) []string {
-		var names []string
-		for _, sp := range spans {
-			if sp.ParentSpanID == parent {
-				names = append(names, sp.Name)
-			}
-		}
-		return names
-	}
-	describe := func(sp otlpSpan) string { return fmt.Sprintf("%s (%s/%s)", sp.Name, sp.TraceID, sp.SpanID) }
+	tr := newTraceSpans(spans)
+	batch := tr.checkApplyBatch(t, applyTrace)
+	tr.checkReplaySkips(t, batch, id)
+}
 
+// traceSpans are the spans Jaeger holds for one test's service.
+type traceSpans struct {
+	spans []otlpSpan
+	byID  map[string]otlpSpan
+}
+
+func newTraceSpans(spans []otlpSpan) *traceSpans {
+	tr := &traceSpans{spans: spans, byID: map[string]otlpSpan{}}
+	for _, sp := range spans {
+		tr.byID[sp.SpanID] = sp
+	}
+	return tr
+}
+
+// children lists the names of parent's child spans.
+func (tr *traceSpans) children(parent string) []string {
+	var names []string
+	for _, sp := range tr.spans {
+		if sp.ParentSpanID == parent {
+			names = append(names, sp.Name)
+		}
+	}
+	return names
+}
+
+func describe(sp otlpSpan) string { return fmt.Sprintf("%s (%s/%s)", sp.Name, sp.TraceID, sp.SpanID) }
+
+// checkApplyBatch checks the batch span of trace applyTrace, which applied
+// the event: its children, and its link to the producer in the trace of
+// the HTTP request. It returns the batch span.
+func (tr *traceSpans) checkApplyBatch(t *testing.T, applyTrace string) otlpSpan {
+	spans, byID, children := tr.spans, tr.byID, tr.children
 	// The batch that applied the event.
 	var batch otlpSpan
 	for _, sp := range spans {
@@ -218,7 +240,14 @@ func checkTraces(t *testing.T, query, protocol, endpoint string) {
 	if root.Name != "POST /events-outbox/{bus}" {
 		t.Errorf("the producer span's root is %s, want the ingest request POST /events-outbox/{bus}", describe(root))
 	}
+	return batch
+}
 
+// checkReplaySkips checks the replay's batch: another batch than the one
+// that applied event id, linked to the replay's publish, with a dedup.skip
+// event per handler naming the layer.
+func (tr *traceSpans) checkReplaySkips(t *testing.T, batch otlpSpan, id string) {
+	spans := tr.spans
 	// The replay: another batch, linked to the replay's publish, with a
 	// dedup.skip event per handler naming the layer.
 	var skipped []string

@@ -1,0 +1,10 @@
+// Command onceflow turns Kafka's at-least-once delivery into effectively-once
+// effects in PostgreSQL. See README.md; `onceflow help` lists the commands.
+//
+// It is the wiring of the flow and nothing more: flags and the environment
+// become a config.Config, which becomes each step's own config — outbox
+// (producer side), processor (Kafka side), dedup, sink (Postgres side),
+// the orders business's handlers (a registry by name), api (HTTP), metrics
+// — and the OpenTelemetry SDK is set up here, the only place that imports
+// it. The demo and its members live in packages demo and members.
+package main
