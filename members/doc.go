@@ -7,7 +7,9 @@
 // A [Group] starts members with a [Starter] and keeps them in start order.
 // [InProcess] starts a processor.Consumer over a sink.Writer in this
 // process; a Starter of OS processes (the onceflow binary, stopped with
-// SIGTERM and crashed with SIGKILL) fits the same [Member] interface.
+// SIGTERM and crashed with SIGKILL) fits the same [Member] interface; a
+// member that can also be frozen (SIGSTOP, SIGCONT) would offer that
+// beside it, for the owner that needs it.
 // Every member a Group started is stopped and waited for by [Group.StopAll],
 // which its owner defers right after creating the Group, so no member
 // outlives the pool or the schema it writes to.

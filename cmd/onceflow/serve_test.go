@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/api/apitest"
 	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
@@ -143,7 +144,8 @@ func (s *seedServer) skips(id string) []string {
 
 const order = `{"user_id":1,"items":["A"]}`
 
-var seedHandlers = []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}
+// seedHandlers are the seed's four handlers, in the order they run.
+var seedHandlers = orders.Names
 
 // The seed's walkthroughs 5.1 (first processing), 5.2 (a replay is
 // deduplicated) and 5.3 (one Idempotency-Key twice), end to end: HTTP, the
