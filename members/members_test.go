@@ -5,11 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
@@ -32,17 +34,33 @@ type env struct {
 	start   members.Starter
 }
 
-func newEnv(t *testing.T, partitions int32) *env {
+// eachBroker runs f on kfake, and on the real Kafka named by
+// ONCEFLOW_TEST_KAFKA_BROKERS when it is set; the subtest's name says which.
+func eachBroker(t *testing.T, f func(t *testing.T, real []string)) {
+	t.Run("kfake", func(t *testing.T) { f(t, nil) })
+	if addrs := os.Getenv("ONCEFLOW_TEST_KAFKA_BROKERS"); addrs != "" {
+		t.Run("kafka", func(t *testing.T) { f(t, strings.Split(addrs, ",")) })
+	}
+}
+
+// newEnv makes a topic of partitions on kfake, or on the real brokers when
+// real is set, and a schema with the orders tables.
+func newEnv(t *testing.T, partitions int32, real []string) *env {
 	var r [4]byte
 	_, _ = rand.Read(r[:])
 	e := &env{topic: "orders-" + hex.EncodeToString(r[:]), group: "g-" + hex.EncodeToString(r[:])}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, e.topic),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
+	if real == nil {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, e.topic),
+			kfake.GroupMinSessionTimeout(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		e.brokers = c.ListenAddrs()
+	} else {
+		e.brokers = real
+		createTopic(t, real, e.topic, partitions)
 	}
-	t.Cleanup(c.Close)
-	e.brokers = c.ListenAddrs()
 	pool := sinktest.Pool(t)
 	e.schema = sinktest.Schema(t, pool, orders.Migrate)
 	hs, err := orders.Handlers(e.schema)
@@ -56,6 +74,31 @@ func newEnv(t *testing.T, partitions int32) *env {
 		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs},
 	})
 	return e
+}
+
+func createTopic(t *testing.T, brokers []string, topic string, partitions int32) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	resp, err := kadm.NewClient(cl).CreateTopic(t.Context(), partitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+	t.Cleanup(func() {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			return
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topic)
+	})
 }
 
 func (e *env) produce(t *testing.T, s orders.Stream) {
@@ -76,8 +119,10 @@ func (e *env) produce(t *testing.T, s orders.Stream) {
 // Members join, leave and crash while a stream with redeliveries is
 // consumed; the group waits until everything committed, stops every
 // member, and the effects are exactly once.
-func TestGroupChurnsAndStops(t *testing.T) {
-	e := newEnv(t, 4)
+func TestGroupChurnsAndStops(t *testing.T) { eachBroker(t, groupChurnsAndStops) }
+
+func groupChurnsAndStops(t *testing.T, real []string) {
+	e := newEnv(t, 4, real)
 	stream, err := orders.Generate(3000, 0.3, 11)
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +149,7 @@ func TestGroupChurnsAndStops(t *testing.T) {
 			crashes++
 		}
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
 	defer cancel()
 	pool := sinktest.Pool(t)
 	if err := members.WaitCommitted(ctx, pool, e.schema, e.group, int64(len(stream.Messages)), 50*time.Millisecond); err != nil {
@@ -131,7 +176,7 @@ func TestGroupChurnsAndStops(t *testing.T) {
 // A starter that fails leaves the members started before it running for
 // StopAll, which stops them; nothing leaks (goleak checks).
 func TestStopAllAfterAFailedStart(t *testing.T) {
-	e := newEnv(t, 2)
+	e := newEnv(t, 2, nil)
 	calls := 0
 	g := members.NewGroup(func(ctx context.Context, name string) (members.Member, error) {
 		calls++
