@@ -17,11 +17,11 @@ import (
 
 // Tuned returns c with the group timings that make members join, leave
 // and take over within seconds, as the demo, the benchmark and tests need:
-// a 3s session, a 10s rebalance timeout, heartbeats every 300ms and
+// a 3s session, a 10s rebalance timeout, a 5s drain, heartbeats every 300ms and
 // metadata refreshed after 100ms (an injected leader error otherwise costs
 // 15s).
 func Tuned(c processor.Config) processor.Config {
-	c.SessionTimeout, c.RebalanceTimeout = 3*time.Second, 10*time.Second
+	c.SessionTimeout, c.RebalanceTimeout, c.DrainTimeout = 3*time.Second, 10*time.Second, 5*time.Second
 	c.KafkaOptions = append(append([]kgo.Opt(nil), c.KafkaOptions...),
 		kgo.MetadataMinAge(100*time.Millisecond), kgo.HeartbeatInterval(300*time.Millisecond))
 	return c

@@ -1,7 +1,6 @@
 package metrics_test
 
 import (
-	"context"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -13,16 +12,10 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sink"
 )
 
 // writer stands where a sink.Writer would; the consumer never runs.
-type writer struct{}
-
-func (writer) Write(context.Context, *sink.Batch) (sink.Result, error) { return sink.Result{}, nil }
-func (writer) StoredOffsets(context.Context, string, []int32) (map[int32]int64, error) {
-	return nil, nil
-}
+type writer struct{ processor.Writer }
 
 // The handler serves every family, summing batches, consumers and LRU
 // lookups.
@@ -53,7 +46,8 @@ func TestHandlerServesEveryFamily(t *testing.T) {
 	}
 	for _, name := range []string{"onceflow_records_consumed_total", "onceflow_events_applied_total",
 		"onceflow_duplicates_skipped_total", "onceflow_dead_letters_total", "onceflow_batch_records",
-		"onceflow_batch_duration_seconds", "onceflow_transaction_retries_total", "onceflow_batches_fenced_total",
+		"onceflow_batch_duration_seconds", "onceflow_transaction_retries_total", "onceflow_batches_fenced_total", "onceflow_dead_letters_published_total",
+		"onceflow_offsets_out_of_range_total", "onceflow_partitions_retrying",
 		"onceflow_rebalance_partitions_total", "onceflow_lru_size", "onceflow_lru_lookups_total", "onceflow_lru_hit_ratio",
 		"go_goroutines"} {
 		if fams[name] == nil {

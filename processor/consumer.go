@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -19,61 +20,17 @@ import (
 )
 
 // Writer is what a Consumer needs from the Postgres side; *sink.Writer
-// implements it. Write must be safe for concurrent use by several workers.
+// implements it. Its methods must be safe for concurrent use.
 type Writer interface {
+	// Take makes this member the writer of the partitions and returns
+	// their leases; see sink.Writer.Take.
+	Take(ctx context.Context, topic string, partitions []int32) (map[int32]sink.Lease, error)
 	// Write applies one batch in one transaction; see sink.Writer.Write.
 	Write(ctx context.Context, b *sink.Batch) (sink.Result, error)
-	// StoredOffsets returns the next offset stored for each partition that
-	// has one.
-	StoredOffsets(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error)
-}
-
-// Config configures a Consumer. Zero values take the defaults noted.
-type Config struct {
-	Brokers  []string // required
-	Topics   []string // required
-	Group    string   // required
-	ClientID string   // default "onceflow"
-
-	BatchMaxRecords int           // close a batch at this many records; default 1000
-	BatchMaxBytes   int           // or at this many value bytes; default 4 MiB
-	BatchLinger     time.Duration // or this long after its first record; default 50ms
-
-	Decode DecodeConfig // event id location and record size limit
-
-	// DeadLetterTopic receives every dead letter, with headers reason,
-	// topic, partition and offset, before its batch commits. Empty: dead
-	// letters go to the dead_letters table only.
-	DeadLetterTopic string
-
-	// CommitInterval is how often marked Kafka offsets are committed in the
-	// background; they are also committed on revoke and on shutdown.
-	// Default 1s. Postgres holds the true offset, so a lagging Kafka commit
-	// costs no replay.
-	CommitInterval time.Duration
-	// SessionTimeout and RebalanceTimeout are the group's; defaults 10s and 30s.
-	SessionTimeout   time.Duration
-	RebalanceTimeout time.Duration
-	// DrainTimeout bounds finishing an in-flight batch on revoke or
-	// shutdown before it is aborted; default 10s.
-	DrainTimeout time.Duration
-	// RetryBackoff is the first wait after a failed transaction, doubling
-	// up to MaxRetryBackoff; defaults 100ms and 5s.
-	RetryBackoff    time.Duration
-	MaxRetryBackoff time.Duration
-
-	Logger         *slog.Logger                  // nil discards
-	TracerProvider trace.TracerProvider          // nil disables tracing
-	Propagator     propagation.TextMapPropagator // reads producer span contexts; default W3C trace context
-
-	// OnBatch, if set, is called after each batch commits, from that
-	// partition's worker goroutine (so concurrently across partitions).
-	OnBatch func(BatchInfo)
-
-	// KafkaOptions are appended to the client's options (TLS, SASL, test
-	// tuning). Options that conflict with the consumer's own behaviour,
-	// such as auto-commit settings, must not be passed.
-	KafkaOptions []kgo.Opt
+	// LeaseDeadLetters and MarkDeadLettersPublished feed the dead-letter
+	// topic from the dead_letters table; see sink.Writer.
+	LeaseDeadLetters(ctx context.Context, limit int, lease time.Duration) ([]sink.PendingDeadLetter, error)
+	MarkDeadLettersPublished(ctx context.Context, ids []int64, notes []string) error
 }
 
 // BatchInfo describes one committed batch.
@@ -88,18 +45,21 @@ type BatchInfo struct {
 
 // Stats are a Consumer's counters since New.
 type Stats struct {
-	RecordsConsumed int64 // records received from Kafka, duplicates included
-	Batches         int64 // batches committed
-	Applied         int64 // (event, handler) pairs applied
-	SkippedLRU      int64
-	SkippedPostgres int64
-	DeadLetters     int64
-	Fenced          int64 // batches rolled back by the offset fence
-	Retries         int64 // transactions retried after an error
-	Assigned        int64 // partitions assigned, over all rebalances
-	Revoked         int64
-	Lost            int64
-	Workers         int64 // partition workers running now
+	RecordsConsumed      int64 // records received from Kafka, duplicates included
+	Batches              int64 // batches committed
+	Applied              int64 // (event, handler) pairs applied
+	SkippedLRU           int64
+	SkippedPostgres      int64
+	DeadLetters          int64 // records written to dead_letters
+	DeadLettersPublished int64 // dead letters copied to the dead-letter topic
+	Fenced               int64 // batches refused by the offset fence (the worker then stopped)
+	Retries              int64 // transactions retried after an error
+	OffsetsOutOfRange    int64 // stored offsets found outside their partition's log
+	Assigned             int64 // partitions assigned, over all rebalances
+	Revoked              int64
+	Lost                 int64
+	Workers              int64 // partition workers running now
+	Retrying             int64 // partitions whose batch is waiting to be retried now
 }
 
 // Plus returns the field-by-field sum of s and o, to total several members.
@@ -110,22 +70,26 @@ func (s Stats) Plus(o Stats) Stats {
 	s.SkippedLRU += o.SkippedLRU
 	s.SkippedPostgres += o.SkippedPostgres
 	s.DeadLetters += o.DeadLetters
+	s.DeadLettersPublished += o.DeadLettersPublished
 	s.Fenced += o.Fenced
 	s.Retries += o.Retries
+	s.OffsetsOutOfRange += o.OffsetsOutOfRange
 	s.Assigned += o.Assigned
 	s.Revoked += o.Revoked
 	s.Lost += o.Lost
 	s.Workers += o.Workers
+	s.Retrying += o.Retrying
 	return s
 }
 
 type counters struct {
-	records, batches, applied, skippedLRU, skippedPG, dead, fenced, retries atomic.Int64
-	assigned, revoked, lost, workers                                        atomic.Int64
+	records, batches, applied, skippedLRU, skippedPG, dead, published, fenced, retries atomic.Int64
+	outOfRange, assigned, revoked, lost, workers, retrying                             atomic.Int64
 }
 
 // Consumer is one consumer-group member. Create it with New, run it with
-// Run; a Consumer runs once. Stats is safe to call concurrently with Run.
+// Run; a Consumer runs once. Stats, Lag, Ready and Abort are safe to call
+// concurrently with Run.
 type Consumer struct {
 	cfg    Config
 	writer Writer
@@ -134,15 +98,20 @@ type Consumer struct {
 	traced bool // false: no per-record trace-context extraction at all
 	stats  counters
 
-	mu      sync.Mutex
-	workers map[tp]*worker
-	cl      *kgo.Client
-	base    context.Context // parent of worker contexts; outlives Run's ctx for draining
-	ran     atomic.Bool
+	mu    sync.Mutex
+	parts map[tp]*partition // the partitions assigned to this member now
+	cl    *kgo.Client
+	ran   atomic.Bool
 
-	aborting  atomic.Bool
-	abortOnce sync.Once
-	abortRun  chan struct{} // closed by Abort
+	// hard is the parent of every worker's context; Abort cancels it, so
+	// every in-flight transaction rolls back.
+	hard       context.Context
+	cancelHard context.CancelFunc
+	cancelRun  context.CancelFunc
+	aborting   atomic.Bool
+
+	ready  atomic.Pointer[error] // nil until the brokers were asked once
+	dlWake chan struct{}         // size 1: a batch committed dead letters
 }
 
 type tp struct {
@@ -150,46 +119,21 @@ type tp struct {
 	partition int32
 }
 
+// partition is one assigned partition: its worker, or why it has none.
+type partition struct {
+	w        *worker   // nil while fenced (waiting to take it again) or paused out of range
+	retakeAt time.Time // when w is nil after a fence: when to take the partition again
+	hw       int64     // high watermark at the last fetch, -1 before
+}
+
 // New validates cfg and returns a Consumer. Every problem is reported.
 func New(cfg Config, w Writer) (*Consumer, error) {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	if cfg.ClientID == "" {
-		cfg.ClientID = "onceflow"
-	}
-	if cfg.BatchMaxRecords <= 0 {
-		cfg.BatchMaxRecords = 1000
-	}
-	if cfg.BatchMaxBytes <= 0 {
-		cfg.BatchMaxBytes = 4 << 20
-	}
-	def(&cfg.BatchLinger, 50*time.Millisecond)
-	def(&cfg.CommitInterval, time.Second)
-	def(&cfg.SessionTimeout, 10*time.Second)
-	def(&cfg.RebalanceTimeout, 30*time.Second)
-	def(&cfg.DrainTimeout, 10*time.Second)
-	def(&cfg.RetryBackoff, 100*time.Millisecond)
-	def(&cfg.MaxRetryBackoff, 5*time.Second)
-	if cfg.Propagator == nil {
-		cfg.Propagator = propagation.TraceContext{}
-	}
-	var problems []error
+	cfg = cfg.withDefaults()
+	err := cfg.Validate()
 	if w == nil {
-		problems = append(problems, errors.New("processor: nil writer"))
+		err = errors.Join(errors.New("processor: nil writer"), err)
 	}
-	if len(cfg.Brokers) == 0 {
-		problems = append(problems, errors.New("processor: no brokers"))
-	}
-	if len(cfg.Topics) == 0 {
-		problems = append(problems, errors.New("processor: no topics"))
-	}
-	if cfg.Group == "" {
-		problems = append(problems, errors.New("processor: no consumer group"))
-	}
-	if err := errors.Join(problems...); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	log := cfg.Logger
@@ -202,13 +146,13 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 	}
 	_, untraced := provider.(noop.TracerProvider)
 	return &Consumer{
-		cfg:      cfg,
-		writer:   w,
-		log:      log,
-		tracer:   provider.Tracer("github.com/onceflow/onceflow/processor"),
-		traced:   !untraced,
-		workers:  map[tp]*worker{},
-		abortRun: make(chan struct{}),
+		cfg:    cfg,
+		writer: w,
+		log:    log,
+		tracer: provider.Tracer("github.com/onceflow/onceflow/processor"),
+		traced: !untraced,
+		parts:  map[tp]*partition{},
+		dlWake: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -216,13 +160,30 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 // in-flight transactions are canceled (they roll back) and no Kafka offset
 // is committed, not even those already marked. Run then returns. Whatever
 // was committed to Postgres stays, and the partitions' next owners resume
-// from the offsets stored there. Abort is safe to call at any time, more
-// than once, and concurrently with Run.
+// from the offsets stored there. Abort during a drain ends the drain at
+// once. Abort is safe to call at any time, more than once, and
+// concurrently with Run.
 func (c *Consumer) Abort() {
-	c.abortOnce.Do(func() {
-		c.aborting.Store(true)
-		close(c.abortRun)
-	})
+	c.aborting.Store(true)
+	c.mu.Lock()
+	cancelHard, cancelRun := c.cancelHard, c.cancelRun
+	c.mu.Unlock()
+	if cancelHard != nil {
+		cancelHard()
+		cancelRun()
+	}
+}
+
+// ErrNotStarted is what Ready returns before Run has asked the brokers.
+var ErrNotStarted = errors.New("kafka: not connected yet")
+
+// Ready returns nil when the brokers answered the member's last check
+// (every few seconds while Run runs), else why not.
+func (c *Consumer) Ready() error {
+	if p := c.ready.Load(); p != nil {
+		return *p
+	}
+	return ErrNotStarted
 }
 
 // PartitionLag is how far one assigned partition's worker is behind the
@@ -233,17 +194,16 @@ type PartitionLag struct {
 	Lag       int64
 }
 
-// Lag returns the lag of every partition assigned now.
+// Lag returns the lag of every partition assigned now that has a worker.
 func (c *Consumer) Lag() []PartitionLag {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]PartitionLag, 0, len(c.workers))
-	for k, w := range c.workers {
-		hw := w.hw.Load()
-		if hw < 0 {
+	out := make([]PartitionLag, 0, len(c.parts))
+	for k, p := range c.parts {
+		if p.w == nil || p.hw < 0 {
 			continue
 		}
-		out = append(out, PartitionLag{Topic: k.topic, Partition: k.partition, Lag: max(0, hw-w.next.Load())})
+		out = append(out, PartitionLag{Topic: k.topic, Partition: k.partition, Lag: max(0, p.hw-p.w.next.Load())})
 	}
 	return out
 }
@@ -254,35 +214,71 @@ func (c *Consumer) Stats() Stats {
 	return Stats{
 		RecordsConsumed: s.records.Load(), Batches: s.batches.Load(), Applied: s.applied.Load(),
 		SkippedLRU: s.skippedLRU.Load(), SkippedPostgres: s.skippedPG.Load(), DeadLetters: s.dead.Load(),
-		Fenced: s.fenced.Load(), Retries: s.retries.Load(),
-		Assigned: s.assigned.Load(), Revoked: s.revoked.Load(), Lost: s.lost.Load(), Workers: s.workers.Load(),
+		DeadLettersPublished: s.published.Load(), Fenced: s.fenced.Load(), Retries: s.retries.Load(),
+		OffsetsOutOfRange: s.outOfRange.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
+		Lost: s.lost.Load(), Workers: s.workers.Load(), Retrying: s.retrying.Load(),
 	}
 }
 
 // Run joins the group and processes records until ctx is canceled, then
-// drains: in-flight batches finish (within DrainTimeout), marked offsets are
-// committed, and the member leaves the group. Run returns only after every
-// worker it started has exited. It returns an error if the client cannot be
-// created or the brokers do not answer at start; a canceled ctx is a clean
-// stop and returns nil.
+// drains: in-flight batches finish within DrainTimeout (what is left is
+// aborted), marked offsets are committed, and the member leaves the group.
+// Brokers that do not answer are waited for (Ready says why), never a
+// reason to return. Run returns only after every goroutine it started has
+// exited. It returns an error only if the Kafka client cannot be created
+// from the options; a canceled ctx or Abort is a clean stop and returns
+// nil.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return errors.New("processor: Run called twice")
 	}
-	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelBase()
-	c.base = base
-	ctx, cancelRun := context.WithCancel(ctx)
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
-	go func() {
-		select {
-		case <-c.abortRun:
-			cancelRun()
-		case <-ctx.Done():
-		}
-	}()
+	c.mu.Lock()
+	c.hard, c.cancelHard, c.cancelRun = hard, cancelHard, cancelRun
+	c.mu.Unlock()
+	if c.aborting.Load() {
+		return nil
+	}
 
-	opts := []kgo.Opt{
+	cl, err := kgo.NewClient(append(c.clientOptions(), c.cfg.KafkaOptions...)...)
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	c.mu.Lock()
+	c.cl = cl
+	c.mu.Unlock()
+	c.log.Info("consumer starting", "group", c.cfg.Group, "topics", c.cfg.Topics, "client_id", c.cfg.ClientID, "brokers", c.cfg.Brokers)
+
+	// Background work owned by Run: the readiness check and the
+	// dead-letter publisher. Both stop before the client closes.
+	bg, stopBG := context.WithCancel(hard)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); c.watchBrokers(bg, cl) }()
+	if c.cfg.DeadLetterTopic != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.publishDeadLetters(bg, cl) }()
+	}
+
+	c.poll(runCtx, cl)
+
+	c.shutdown(cl)
+	stopBG()
+	wg.Wait()
+	cl.Close()
+	if c.aborting.Load() {
+		c.log.Warn("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
+	} else {
+		c.log.Info("consumer stopped", "group", c.cfg.Group)
+	}
+	return nil
+}
+
+func (c *Consumer) clientOptions() []kgo.Opt {
+	return []kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ClientID(c.cfg.ClientID),
 		kgo.ConsumerGroup(c.cfg.Group),
@@ -298,163 +294,232 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(c.revoked),
 		kgo.OnPartitionsLost(c.lost),
 		kgo.AdjustFetchOffsetsFn(c.adjust),
+		kgo.RecordDeliveryTimeout(c.cfg.ProduceTimeout),
 		kgo.WithLogger(kgoLogger{c.log}),
 	}
-	cl, err := kgo.NewClient(append(opts, c.cfg.KafkaOptions...)...)
-	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
-	}
-	c.mu.Lock()
-	c.cl = cl
-	c.mu.Unlock()
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = cl.Ping(pctx)
-	cancel()
-	if err != nil {
-		cl.Close()
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("kafka brokers %v do not answer: %w", c.cfg.Brokers, err)
-	}
-	c.log.Info("consumer started", "group", c.cfg.Group, "topics", c.cfg.Topics, "client_id", c.cfg.ClientID)
+}
 
+// pollWait bounds one PollRecords, so the loop also takes fenced
+// partitions again when nothing arrives.
+const pollWait = 500 * time.Millisecond
+
+// poll is the poll loop. It never blocks on a worker: records are queued
+// to their partition's worker, and a partition whose queue is full is
+// paused (its backlog stays in Kafka) until the worker catches up.
+func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
+	maxPoll := 4 * c.cfg.BatchMaxRecords
 	for {
-		fetches := cl.PollRecords(ctx, 4*c.cfg.BatchMaxRecords)
+		pctx, cancel := context.WithTimeout(ctx, pollWait)
+		fetches := cl.PollRecords(pctx, maxPoll)
+		cancel()
 		if ctx.Err() != nil || fetches.IsClientClosed() {
-			break
+			cl.AllowRebalance()
+			return
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				c.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
 			}
 		})
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) == 0 {
-				return
-			}
-			c.mu.Lock()
-			w := c.workers[tp{p.Topic, p.Partition}]
-			c.mu.Unlock()
-			if w == nil {
-				return // revoked since the fetch; the next owner reads them
-			}
-			c.stats.records.Add(int64(len(p.Records)))
-			w.hw.Store(p.HighWatermark)
-			select {
-			case w.recs <- p.Records:
-			case <-w.done:
-			case <-ctx.Done():
-			}
-		})
+		fetches.EachPartition(c.route)
+		c.retakeDue(ctx, cl)
 		cl.AllowRebalance()
 	}
-	cl.AllowRebalance()
-
-	if c.aborting.Load() {
-		c.stopAll(true)
-		cl.Close()
-		c.log.Warn("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
-		return nil
-	}
-	// Drain: finish in-flight batches, commit, leave.
-	c.stopAll(false)
-	dctx, cancel := context.WithTimeout(base, c.cfg.DrainTimeout)
-	defer cancel()
-	if err := c.commit(dctx, cl, "shutdown"); err != nil {
-		c.log.Warn("commit offsets on shutdown", "err", err)
-	}
-	cl.Close() // leaves the group
-	c.log.Info("consumer stopped", "group", c.cfg.Group)
-	return nil
 }
 
-// assigned starts a worker per new partition, fenced at the offset stored
-// in Postgres.
-func (c *Consumer) assigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	for topic, parts := range assigned {
-		stored, err := c.storedOffsets(ctx, topic, parts)
-		if err != nil {
-			c.log.Error("read stored offsets; workers will read them before their first batch",
-				"topic", topic, "err", err)
-		}
-		c.mu.Lock()
-		for _, p := range parts {
-			key := tp{topic, p}
-			if c.workers[key] != nil {
-				continue
-			}
-			fence := int64(noRow)
-			switch s, ok := stored[p]; {
-			case err != nil:
-				fence = unknownFence
-			case ok:
-				fence = s
-			}
-			w := newWorker(c, cl, key, fence)
-			c.workers[key] = w
-			c.stats.assigned.Add(1)
-			c.stats.workers.Add(1)
-			go w.run()
-		}
-		c.mu.Unlock()
-		c.log.Info("partitions assigned", "topic", topic, "partitions", parts)
+// route hands one partition's fetched records to its worker.
+func (c *Consumer) route(p kgo.FetchTopicPartition) {
+	if len(p.Records) == 0 {
+		return
 	}
-}
-
-func (c *Consumer) storedOffsets(ctx context.Context, topic string, parts []int32) (map[int32]int64, error) {
-	var err error
-	for attempt := range 3 {
-		var stored map[int32]int64
-		if stored, err = c.writer.StoredOffsets(ctx, topic, parts); err == nil {
-			return stored, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
-		}
-	}
-	return nil, err
-}
-
-// adjust starts each partition at the offset stored in Postgres when it is
-// ahead of the offset Kafka has committed (or Kafka has none).
-func (c *Consumer) adjust(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	k := tp{p.Topic, p.Partition}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for topic, parts := range offsets {
-		for p, off := range parts {
-			w := c.workers[tp{topic, p}]
-			if w == nil {
-				continue
-			}
-			committed := off.EpochOffset().Offset
-			fence := w.fence.Load()
-			if fence >= 0 && (committed < 0 || fence > committed) {
-				parts[p] = kgo.NewOffset().At(fence).WithEpoch(-1)
-				w.next.Store(fence)
-				c.log.Info("resuming from the offset stored in postgres", "topic", topic, "partition", p,
-					"offset", fence, "kafka_committed", committed)
-			} else if committed >= 0 {
-				w.next.Store(committed)
-			}
+	part := c.parts[k]
+	var w *worker
+	if part != nil {
+		part.hw = p.HighWatermark
+		w = part.w
+	}
+	c.mu.Unlock()
+	switch {
+	case part == nil:
+		return // revoked since the fetch; the next owner reads them
+	case w == nil:
+		// Fenced or out of range: nothing may be written from these.
+		c.cl.PauseFetchPartitions(map[string][]int32{k.topic: {k.partition}})
+		return
+	}
+	c.stats.records.Add(int64(len(p.Records)))
+	w.enqueue(p.Records)
+}
+
+// assigned is called before the offsets of new partitions are fetched;
+// the partitions are taken in adjust, once their Kafka offsets are known.
+func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	for topic, parts := range assigned {
+		if len(parts) > 0 {
+			c.log.Info("partitions assigned", "topic", topic, "partitions", parts)
+		}
+	}
+}
+
+// adjust takes the newly assigned partitions in Postgres (a new epoch
+// each, which fences any earlier owner), decides where each starts — the
+// offset stored in Postgres whenever there is one, whatever Kafka has
+// committed — and starts their workers. It waits for Postgres as long as
+// the assignment lasts.
+func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	for _, topic := range slices.Sorted(maps.Keys(offsets)) {
+		parts := offsets[topic]
+		ps := slices.Sorted(maps.Keys(parts))
+		leases, err := c.take(ctx, topic, ps)
+		if err != nil {
+			return nil, err // the assignment is being revoked
+		}
+		bounds := c.logBounds(ctx, topic, leases)
+		for _, p := range ps {
+			c.start(topic, p, leases[p], parts, bounds[p])
 		}
 	}
 	return offsets, nil
 }
 
+// start decides where partition p of topic starts, sets it in parts, and
+// starts its worker (or leaves it paused when its stored offset is out of
+// range and the policy says so).
+func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kgo.Offset, b logBounds) {
+	k := tp{topic, p}
+	next := int64(-1)
+	paused := false
+	if s := l.NextOffset; s >= 0 {
+		next = s
+		if b.known && (s < b.start || s > b.end) {
+			c.stats.outOfRange.Add(1)
+			where := "below the log start: the records in between were deleted by retention and are not applied"
+			if s > b.end {
+				where = "beyond the log end: the topic was probably deleted and recreated"
+			}
+			action := "consuming from the log start (kafka.offset_out_of_range: earliest)"
+			if c.cfg.OffsetOutOfRange == PauseOnOutOfRange {
+				action = "the partition stays paused (kafka.offset_out_of_range: pause) until its offsets are reset"
+				paused = true
+			} else {
+				next = b.start
+			}
+			c.log.Error("stored offset is "+where+"; "+action, "topic", topic, "partition", p,
+				"stored_offset", s, "log_start", b.start, "log_end", b.end)
+		}
+		committed := parts[p].EpochOffset().Offset
+		parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
+		if next != committed {
+			c.log.Info("resuming from the offset stored in postgres", "topic", topic, "partition", p,
+				"offset", next, "kafka_committed", committed)
+		}
+	} else if off := parts[p].EpochOffset().Offset; off >= 0 {
+		next = off
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	part := &partition{hw: -1}
+	c.parts[k] = part
+	c.stats.assigned.Add(1)
+	if paused {
+		c.cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
+		return
+	}
+	part.w = c.newWorker(k, l, next)
+	c.cl.ResumeFetchPartitions(map[string][]int32{topic: {p}})
+}
+
+// take takes partitions in Postgres, retrying with backoff until it
+// succeeds or ctx ends.
+func (c *Consumer) take(ctx context.Context, topic string, ps []int32) (map[int32]sink.Lease, error) {
+	backoff := c.cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		leases, err := c.writer.Take(tctx, topic, ps)
+		cancel()
+		if err == nil {
+			return leases, nil
+		}
+		c.log.Warn("take partitions in postgres; waiting for it", "topic", topic, "partitions", ps, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, c.cfg.MaxRetryBackoff)
+	}
+}
+
+// retakeDue takes again, after a fence, the partitions still assigned to
+// this member: by then a zombie that fenced this member has learned from
+// the group that it lost them. It runs in the poll loop, before
+// AllowRebalance, so seeking cannot race a revoke.
+func (c *Consumer) retakeDue(ctx context.Context, cl *kgo.Client) {
+	now := time.Now()
+	var due []tp
+	c.mu.Lock()
+	for k, p := range c.parts {
+		if p.w == nil && !p.retakeAt.IsZero() && now.After(p.retakeAt) {
+			due = append(due, k)
+		}
+	}
+	c.mu.Unlock()
+	for _, k := range due {
+		tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		leases, err := c.writer.Take(tctx, k.topic, []int32{k.partition})
+		var start int64
+		if err == nil {
+			start, err = c.restartOffset(tctx, cl, k, leases[k.partition])
+		}
+		cancel()
+		c.mu.Lock()
+		part := c.parts[k]
+		if part == nil || part.w != nil {
+			c.mu.Unlock()
+			continue // revoked meanwhile
+		}
+		if err != nil {
+			part.retakeAt = time.Now().Add(c.cfg.MaxRetryBackoff)
+			c.mu.Unlock()
+			c.log.Warn("take partition again after a fence", "topic", k.topic, "partition", k.partition, "err", err)
+			continue
+		}
+		part.retakeAt = time.Time{}
+		part.w = c.newWorker(k, leases[k.partition], start)
+		c.mu.Unlock()
+		cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{k.topic: {k.partition: {Epoch: -1, Offset: start}}})
+		cl.ResumeFetchPartitions(map[string][]int32{k.topic: {k.partition}})
+		c.log.Info("partition taken again after a fence", "topic", k.topic, "partition", k.partition,
+			"offset", start, "epoch", leases[k.partition].Epoch)
+	}
+}
+
+// revoked stops the workers of revoked partitions (each finishes its
+// in-flight batch within DrainTimeout, or is aborted), then commits the
+// marked offsets before the rebalance goes on.
 func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	n := c.stop(revoked, c.aborting.Load())
 	c.stats.revoked.Add(int64(n))
 	if c.aborting.Load() {
 		return
 	}
-	if err := c.commit(ctx, cl, "revoke"); err != nil {
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.commit(cctx, cl, "revoke"); err != nil {
 		c.log.Warn("commit offsets on revoke", "err", err)
 	}
 	if n > 0 {
 		c.log.Info("partitions revoked", "partitions", revoked)
+	}
+}
+
+func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	n := c.stop(lost, true)
+	c.stats.lost.Add(int64(n))
+	if n > 0 {
+		c.log.Warn("partitions lost; in-flight batches aborted, nothing committed", "partitions", lost)
 	}
 }
 
@@ -469,53 +534,111 @@ func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error
 	return err
 }
 
-func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	n := c.stop(lost, true)
-	c.stats.lost.Add(int64(n))
-	if n > 0 {
-		c.log.Warn("partitions lost; in-flight batches aborted, nothing committed", "partitions", lost)
-	}
-}
-
-// stop stops the workers of the given partitions and waits for them: abort
-// cancels their transactions, otherwise they finish the batch in hand.
+// stop forgets the given partitions and stops their workers; see
+// stopWorkers.
 func (c *Consumer) stop(parts map[string][]int32, abort bool) int {
 	c.mu.Lock()
 	var ws []*worker
+	n := 0
 	for topic, ps := range parts {
 		for _, p := range ps {
-			if w := c.workers[tp{topic, p}]; w != nil {
-				delete(c.workers, tp{topic, p})
-				ws = append(ws, w)
+			k := tp{topic, p}
+			if part := c.parts[k]; part != nil {
+				delete(c.parts, k)
+				n++
+				if part.w != nil {
+					ws = append(ws, part.w)
+				}
 			}
 		}
 	}
 	c.mu.Unlock()
-	c.wait(ws, abort)
-	return len(ws)
+	c.stopWorkers(ws, abort)
+	return n
 }
 
-func (c *Consumer) stopAll(abort bool) {
-	c.mu.Lock()
-	ws := make([]*worker, 0, len(c.workers))
-	for k, w := range c.workers {
-		delete(c.workers, k)
-		ws = append(ws, w)
-	}
-	c.mu.Unlock()
-	c.wait(ws, abort)
-}
-
-func (c *Consumer) wait(ws []*worker, abort bool) {
+// stopWorkers stops workers and waits for them. Draining, each finishes the
+// batch it is writing (none is started) until DrainTimeout, after which
+// the rest are aborted; aborting, or after Abort, in-flight transactions
+// are canceled at once.
+func (c *Consumer) stopWorkers(ws []*worker, abort bool) {
 	for _, w := range ws {
 		if abort {
-			w.abort()
+			w.cancel()
 		}
 		close(w.quit)
 	}
+	deadline := time.NewTimer(c.cfg.DrainTimeout)
+	defer deadline.Stop()
 	for _, w := range ws {
-		<-w.done
-		c.stats.workers.Add(-1)
+		select {
+		case <-w.done:
+		case <-deadline.C:
+			c.log.Warn("drain timeout: aborting the batches still in flight", "drain_timeout", c.cfg.DrainTimeout)
+			for _, w := range ws {
+				w.cancel()
+			}
+			<-w.done
+		case <-c.hard.Done(): // Abort
+			<-w.done
+		}
+	}
+}
+
+// shutdown ends Run's work after the poll loop: drain (or abort) every
+// worker, commit the marked offsets and leave the group, each bounded.
+func (c *Consumer) shutdown(cl *kgo.Client) {
+	c.mu.Lock()
+	ws := make([]*worker, 0, len(c.parts))
+	for k, p := range c.parts {
+		delete(c.parts, k)
+		if p.w != nil {
+			ws = append(ws, p.w)
+		}
+	}
+	c.mu.Unlock()
+	c.stopWorkers(ws, c.aborting.Load())
+	if c.aborting.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.hard, c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.commit(ctx, cl, "shutdown"); err != nil {
+		c.log.Warn("commit offsets on shutdown", "err", err)
+	}
+	if err := cl.LeaveGroupContext(ctx); err != nil {
+		c.log.Warn("leave group", "group", c.cfg.Group, "err", err)
+	}
+}
+
+// watchBrokers asks the brokers every few seconds whether they answer and
+// publishes the answer through Ready, logging each change.
+func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
+	const every = 3 * time.Second
+	var last error = ErrNotStarted
+	for {
+		pctx, cancel := context.WithTimeout(ctx, every)
+		err := cl.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			err = fmt.Errorf("kafka brokers %v do not answer: %w", c.cfg.Brokers, err)
+		}
+		c.ready.Store(&err)
+		switch {
+		case err != nil && (last == nil || errors.Is(last, ErrNotStarted)):
+			c.log.Warn("waiting for the kafka brokers", "brokers", c.cfg.Brokers, "err", err)
+		case err == nil && last != nil:
+			c.log.Info("kafka brokers answer", "brokers", c.cfg.Brokers)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
 	}
 }
 

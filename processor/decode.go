@@ -90,7 +90,7 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 		id = uuid.NullUUID{UUID: u, Valid: true}
 	}
 	return sink.Event{
-		ID: id.UUID, Value: r.Value,
+		ID: id.UUID, Value: r.Value, Key: r.Key,
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
 	}, nil
 }

@@ -5,18 +5,57 @@
 // [Writer] (package sink) as one transaction, and marks the Kafka offset
 // only after that transaction committed.
 //
-// Rebalances follow franz-go's goroutine-per-partition shape, with
-// BlockRebalanceOnPoll so callbacks never race the poll loop:
+// # The invariant
 //
-//   - assigned: read each partition's stored offset from Postgres, start a
-//     worker, and start fetching from the stored offset when it is ahead of
-//     Kafka's committed one (the process died between COMMIT and the Kafka
-//     commit), so that costs no replay at all;
-//   - revoked: each worker finishes its in-flight batch (or aborts it if
-//     Postgres does not answer), exits, and the marked offsets are
+// The offset stored in Postgres only ever advances over records whose
+// effects or dead letters are in the same transaction. A worker writes its
+// partition's batches in offset order, each starting where the previous
+// committed one ended; once it gives a batch up without committing
+// (told to stop while waiting to retry, fenced, aborted), it writes
+// nothing more from what it holds: it exits and its queued records are
+// dropped. Whoever writes the partition next starts again from the offset
+// stored in Postgres.
+//
+// # Nothing waits on one partition
+//
+// The poll loop never blocks on a worker: fetched records are queued to
+// their partition's worker, and a partition whose queue is full (a slow or
+// retrying worker) is paused with PauseFetchPartitions, its backlog left in
+// Kafka, until the worker catches up. Dead letters are written to the
+// dead_letters table in the batch's transaction; their copies reach the
+// dead-letter topic asynchronously, from the table, so a broker that
+// refuses one delays only the copy.
+//
+// # Errors
+//
+// Errors are classified by sink.Classify: transient ones (connections,
+// deadlocks, timeouts, a server restarting) are retried with capped
+// backoff; data errors never reach the worker, because the Writer isolates
+// the events that cause them into dead letters and applies the rest; a
+// fence stops the worker; anything else is retried with backoff and
+// logged as an error for an operator to fix.
+//
+// # Rebalances and fencing
+//
+// Franz-go's goroutine-per-partition shape, with BlockRebalanceOnPoll so
+// callbacks never race the poll loop:
+//
+//   - assigned: each new partition is taken in Postgres (sink.Writer.Take
+//     bumps its epoch, which fences any earlier owner's next write whether
+//     or not the new owner has written), and consumption starts at the
+//     offset stored there whenever one is, also when Kafka's committed
+//     offset is ahead (a Postgres restored to an earlier point). A stored
+//     offset outside the partition's log is logged as an error and handled
+//     as Config.OffsetOutOfRange says;
+//   - revoked: each worker finishes its in-flight batch within
+//     DrainTimeout (or is aborted), exits, and the marked offsets are
 //     committed synchronously before the rebalance goes on;
-//   - lost: workers abort; nothing is committed.
+//   - lost: workers abort; nothing is committed;
+//   - fenced: the worker stops; if the member still owns the partition a
+//     session timeout later (by then a zombie that fenced it has learned
+//     from the group that it is one), it takes the partition again and
+//     starts from the stored offset.
 //
-// On context cancellation Run drains: workers finish their batches, offsets
-// are committed, the member leaves the group, and Run returns.
+// On context cancellation Run drains within DrainTimeout, commits, leaves
+// the group and returns; Abort ends it at once, as a crash would.
 package processor

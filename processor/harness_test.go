@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -63,38 +64,46 @@ func eachBroker(t *testing.T, f func(t *testing.T, b broker)) {
 func startKfake(t *testing.T, topic string, partitions int32, extra ...string) []string {
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
-		kfake.SeedTopics(partitions, topic),
-		kfake.SeedTopics(1, extra...),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond),
 	)
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	seeds := c.ListenAddrs()
+	createTopics(t, seeds, partitions, append([]string{topic}, extra...)...)
+	return seeds
 }
 
+// createTopics creates the first topic with the given partitions and the
+// others with one, and deletes them at cleanup.
 func createTopics(t *testing.T, seeds []string, partitions int32, topics ...string) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	for i, topic := range topics {
 		p := partitions
 		if i > 0 {
 			p = 1
 		}
-		resp, err := adm.CreateTopic(ctx, p, 1, nil, topic)
-		if err == nil {
-			err = resp.Err
-		}
-		if err != nil {
-			t.Fatalf("create topic %s on %v: %v", topic, seeds, err)
-		}
+		createTopic(t, seeds, topic, p, nil)
+	}
+}
+
+// createTopic creates one topic with configs (nil for the broker's
+// defaults) and deletes it at cleanup.
+func createTopic(t *testing.T, seeds []string, topic string, partitions int32, configs map[string]*string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, configs, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("create topic %s on %v: %v", topic, seeds, err)
 	}
 	t.Cleanup(func() {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
@@ -104,7 +113,7 @@ func createTopics(t *testing.T, seeds []string, partitions int32, topics ...stri
 		defer cl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topics...)
+		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topic)
 	})
 }
 
@@ -179,12 +188,17 @@ func (e *env) writer(cacheSize int) *sink.Writer {
 // config is the consumer config tests use: small batches and fast group
 // timeouts so rebalances happen within a test.
 func (e *env) config(name string) processor.Config {
+	var log *slog.Logger
+	if os.Getenv("ONCEFLOW_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("member", name)
+	}
 	return processor.Config{
+		Logger:  log,
 		Brokers: e.brokers, Topics: []string{e.topic}, Group: e.group, ClientID: name,
 		BatchMaxRecords: 100, BatchLinger: 20 * time.Millisecond,
 		Decode:          processor.DecodeConfig{MaxBytes: 1024},
 		DeadLetterTopic: e.dlq,
-		SessionTimeout:  3 * time.Second, RebalanceTimeout: 5 * time.Second,
+		SessionTimeout:  3 * time.Second, RebalanceTimeout: 5 * time.Second, DrainTimeout: 2 * time.Second,
 		CommitInterval: 200 * time.Millisecond,
 		RetryBackoff:   20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
 		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond),

@@ -1,14 +1,15 @@
 package processor_test
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -38,12 +39,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// runMemberProcess runs one consumer until it is killed. Its Kafka commits
-// are effectively off (one per hour), so when it is killed Kafka knows
-// nothing of its progress: only Postgres does.
+// runMemberProcess runs one consumer until it is killed or gets SIGTERM.
+// Its Kafka commits are effectively off (one per hour), so when it is
+// killed Kafka knows nothing of its progress: only Postgres does. It logs
+// JSON on stderr, including one "test.write" line per Write with the
+// batch's epoch and error. ONCEFLOW_TEST_WRITE_DELAY delays every Write
+// (default 10ms), so a killed or stopped member has a batch in hand.
 func runMemberProcess() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	pool, err := pgxpool.New(ctx, os.Getenv(sinktest.EnvDSN))
 	if err != nil {
 		os.Exit(3)
@@ -54,27 +59,97 @@ func runMemberProcess() {
 	if err != nil {
 		os.Exit(4)
 	}
+	delay, err := time.ParseDuration(os.Getenv("ONCEFLOW_TEST_WRITE_DELAY"))
+	if err != nil {
+		delay = 10 * time.Millisecond
+	}
 	c, err := processor.New(processor.Config{
 		Brokers: strings.Split(os.Getenv("ONCEFLOW_TEST_BROKERS"), ","), Topics: []string{topic}, Group: group,
-		BatchMaxRecords: 50, CommitInterval: time.Hour,
-		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second,
+		BatchMaxRecords: 50, CommitInterval: time.Hour, Logger: log,
+		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second, DrainTimeout: 2 * time.Second,
 		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond)},
-	}, slowWriter{w, 10 * time.Millisecond})
+	}, slowWriter{w, delay, log})
 	if err != nil {
 		os.Exit(5)
 	}
 	_ = c.Run(ctx)
 }
 
-// slowWriter delays every batch, so a killed member dies mid-stream.
+// slowWriter delays every batch, so a killed member dies mid-stream, and
+// logs each write's epoch and outcome.
 type slowWriter struct {
 	*sink.Writer
 	delay time.Duration
+	log   *slog.Logger
 }
 
 func (s slowWriter) Write(ctx context.Context, b *sink.Batch) (sink.Result, error) {
 	time.Sleep(s.delay)
-	return s.Writer.Write(ctx, b)
+	res, err := s.Writer.Write(ctx, b)
+	if s.log != nil {
+		s.log.Info("test.write", "partition", b.Partition, "epoch", b.Epoch, "next_offset", b.NextOffset, "ok", err == nil, "err", fmt.Sprint(err))
+	}
+	return res, err
+}
+
+// process is a member running in a child process.
+type process struct {
+	cmd *exec.Cmd
+	log *syncBuffer
+}
+
+// startProcess starts a member in a child process (see runMemberProcess);
+// it is killed at cleanup if still running.
+func (e *env) startProcess(writeDelay time.Duration) *process {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envMember+"=1",
+		"ONCEFLOW_TEST_SCHEMA="+e.schema, "ONCEFLOW_TEST_GROUP="+e.group, "ONCEFLOW_TEST_TOPIC="+e.topic,
+		"ONCEFLOW_TEST_BROKERS="+strings.Join(e.brokers, ","), "ONCEFLOW_TEST_WRITE_DELAY="+writeDelay.String())
+	p := &process{cmd: cmd, log: &syncBuffer{}}
+	cmd.Stderr = p.log
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if e.t.Failed() {
+			e.t.Logf("child member log:\n%s", p.log.String())
+		}
+	})
+	return p
+}
+
+// waitLog waits until the child's log has a line containing s.
+func (p *process) waitLog(t *testing.T, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(p.log.String(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the child member did not log %q within %v", s, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // A member that dies hard (SIGKILL: no Kafka commit, no leave) mid-stream
@@ -89,19 +164,12 @@ func TestHardKilledMemberCostsNoReplay(t *testing.T) {
 		}
 		e.produceMessages(stream.Messages)
 
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envMember+"=1",
-			"ONCEFLOW_TEST_SCHEMA="+e.schema, "ONCEFLOW_TEST_GROUP="+e.group, "ONCEFLOW_TEST_TOPIC="+e.topic,
-			"ONCEFLOW_TEST_BROKERS="+strings.Join(e.brokers, ","))
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		child := e.startProcess(10 * time.Millisecond)
 		e.waitProcessed(500, 60*time.Second)
-		if err := cmd.Process.Kill(); err != nil {
+		if err := child.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		_ = cmd.Wait()
+		_ = child.cmd.Wait()
 		atKill := e.processed()
 		// Offsets start at 0 and every record is an event, so the stored
 		// next offsets add up to the records already applied.
@@ -155,82 +223,6 @@ func TestRebalanceChurn(t *testing.T) {
 		total := m1.c.Stats().Assigned + m2.c.Stats().Assigned + m3.c.Stats().Assigned
 		if total <= 6 {
 			t.Errorf("partitions assigned %d times over the test, want more than 6 (rebalances happened)", total)
-		}
-	})
-}
-
-// stallWriter stalls the Write of its n-th batch until released, then
-// performs it with a context that no rebalance cancels: a zombie that
-// does not know it lost its partition.
-type stallWriter struct {
-	processor.Writer
-	n       int32
-	calls   atomic.Int32
-	stalled chan struct{}
-	release chan struct{}
-	mu      sync.Mutex
-	errs    []error // the results of writes made after the stall
-}
-
-func (s *stallWriter) Write(ctx context.Context, b *sink.Batch) (sink.Result, error) {
-	if s.calls.Add(1) == s.n {
-		close(s.stalled)
-		<-s.release
-		res, err := s.Writer.Write(context.WithoutCancel(ctx), b)
-		s.mu.Lock()
-		s.errs = append(s.errs, err)
-		s.mu.Unlock()
-		return res, err
-	}
-	return s.Writer.Write(ctx, b)
-}
-
-// A member stalls inside a batch; its partition moves to another member,
-// which applies the rest. The stalled member then resumes: its transaction
-// is fenced and rolls back, and every effect happens once.
-func TestZombieIsFenced(t *testing.T) {
-	eachBroker(t, func(t *testing.T, b broker) {
-		e := newEnv(t, b, 1)
-		stream, err := orders.Generate(600, 0, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.produceMessages(stream.Messages)
-
-		zw := &stallWriter{Writer: e.writer(0), n: 2, stalled: make(chan struct{}), release: make(chan struct{})}
-		zcfg := e.config("zombie")
-		zcfg.RebalanceTimeout = 2 * time.Second
-		zombie := e.start(zcfg, zw)
-		select {
-		case <-zw.stalled:
-		case <-time.After(60 * time.Second):
-			t.Fatal("the first member never reached its second batch")
-		}
-		owner := e.start(e.config("owner"), e.writer(0))
-		e.waitProcessed(int64(len(stream.Unique)), 90*time.Second)
-
-		close(zw.release)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			zw.mu.Lock()
-			n := len(zw.errs)
-			zw.mu.Unlock()
-			if n > 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		zw.mu.Lock()
-		errs := zw.errs
-		zw.mu.Unlock()
-		if len(errs) == 0 || !errors.Is(errs[0], sink.ErrFenced) {
-			t.Fatalf("the zombie's write returned %v, want ErrFenced", errs)
-		}
-		zombie.stop(t)
-		owner.stop(t)
-		e.checkExactlyOnce(stream.Unique)
-		if f := zombie.c.Stats().Fenced; f < 1 {
-			t.Errorf("zombie fenced %d batches, want at least 1", f)
 		}
 	})
 }
@@ -337,7 +329,7 @@ func TestDrainCommitsOffsets(t *testing.T) {
 		e.produceMessages(stream.Messages)
 		cfg := e.config("draining")
 		cfg.CommitInterval = time.Hour // only the drain commits
-		m := e.start(cfg, slowWriter{e.writer(0), 5 * time.Millisecond})
+		m := e.start(cfg, slowWriter{e.writer(0), 5 * time.Millisecond, nil})
 		e.waitProcessed(300, 60*time.Second)
 		m.stop(t)
 

@@ -3,7 +3,7 @@ package processor
 import (
 	"context"
 	"errors"
-	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,103 +16,270 @@ import (
 	"github.com/onceflow/onceflow/wire"
 )
 
-const (
-	noRow        = -1 // sink_offsets has no row for the partition
-	unknownFence = -2 // the stored offset could not be read: read it before writing
-)
-
 // maxLinks bounds the producer links of one batch span.
 const maxLinks = 128
 
-// worker owns one assigned partition: it batches that partition's records
-// and writes each batch in one transaction. It is started on assignment and
-// stopped by closing quit (after abort, on loss); done closes when it has
-// exited.
+// exit is why a worker's flush or life ended.
+type exit int
+
+const (
+	committed exit = iota // the batch committed (flush only)
+	stopped               // told to stop (revoke, shutdown) while not writing
+	fenced                // another writer took the partition
+	aborted               // its context was canceled (lost, abort, drain timeout)
+)
+
+// worker owns one assigned partition under one lease: it batches that
+// partition's records and writes each batch in one transaction. The poll
+// loop queues records to it without ever waiting (enqueue); the worker
+// pauses the partition's fetching while its queue is full.
+//
+// Invariant: a worker writes batches in offset order, each starting where
+// the previous committed one ended, and once a batch is given up without
+// committing (stopped, fenced, aborted) the worker writes nothing more: it
+// exits, and its queue is dropped. So the stored offset only ever advances
+// over records whose effects or dead letters are in the same transaction.
+// A new worker (a new lease, after a new assignment or a retake) starts
+// again from the offset stored in Postgres.
 type worker struct {
-	c   *Consumer
-	cl  *kgo.Client
-	key tp
+	c     *Consumer
+	key   tp
+	epoch int64 // the lease this worker writes under
+	fence int64 // the offset stored in Postgres as of the last commit (-1: none); worker goroutine only
 
-	recs chan []*kgo.Record // from the poll loop; unbuffered: the poll loop waits, keeping the backlog in Kafka
-	quit chan struct{}
-	done chan struct{}
+	next     atomic.Int64 // records below it are written: dropped
+	retrying bool         // worker goroutine only
 
-	ctx   context.Context // canceled on abort
-	abort context.CancelFunc
+	mu      sync.Mutex // guards the queue; the poll loop appends, the worker takes
+	queue   []*kgo.Record
+	qbytes  int
+	firstAt time.Time // when the oldest queued record arrived
+	paused  bool      // the partition's fetching is paused because the queue is full
 
-	fence atomic.Int64 // the sink_offsets value this worker last read or wrote
-	next  atomic.Int64 // records below it are already written: dropped
-	hw    atomic.Int64 // the partition's high watermark at the last fetch; -1 before
+	wake chan struct{} // size 1: records were queued
+	quit chan struct{} // closed to stop the worker
+	done chan struct{} // closed when the worker has exited
+
+	ctx    context.Context // canceled to abort the in-flight transaction
+	cancel context.CancelFunc
 }
 
-func newWorker(c *Consumer, cl *kgo.Client, key tp, fence int64) *worker {
-	ctx, cancel := context.WithCancel(c.base)
+// newWorker starts the worker of partition k under lease l, consuming from
+// next (-1: unknown, the first record fetched). Call with c.mu held.
+func (c *Consumer) newWorker(k tp, l sink.Lease, next int64) *worker {
+	ctx, cancel := context.WithCancel(c.hard)
 	w := &worker{
-		c: c, cl: cl, key: key,
-		recs: make(chan []*kgo.Record), quit: make(chan struct{}), done: make(chan struct{}),
-		ctx: ctx, abort: cancel,
+		c: c, key: k, epoch: l.Epoch, fence: l.NextOffset,
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		ctx: ctx, cancel: cancel,
 	}
-	w.fence.Store(fence)
-	w.hw.Store(-1)
-	if fence >= 0 {
-		w.next.Store(fence)
-	}
+	w.next.Store(max(next, 0))
+	c.stats.workers.Add(1)
+	go w.run()
 	return w
 }
 
 func (w *worker) run() {
 	defer close(w.done)
-	defer w.abort()
-	cfg := &w.c.cfg
-	var buf []*kgo.Record
-	size := 0
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	defer linger.Stop()
-	flush := func(ctx context.Context) {
-		if len(buf) > 0 {
-			w.flush(ctx, buf)
-		}
-		buf, size = nil, 0
-		linger.Stop()
+	defer w.cancel()
+	defer w.c.stats.workers.Add(-1)
+	if w.loop() == fenced {
+		w.c.fenced(w)
 	}
+}
+
+// loop writes batches until the worker is stopped or gives a batch up.
+func (w *worker) loop() exit {
 	for {
-		select {
-		case <-w.quit:
-			// Revoked or shutting down: finish the batch in hand, within
-			// the drain timeout. (On loss ctx is already canceled.)
-			ctx, cancel := context.WithTimeout(w.ctx, cfg.DrainTimeout)
-			flush(ctx)
-			cancel()
-			return
-		case recs := <-w.recs:
-			for _, r := range recs {
-				if r.Offset < w.next.Load() {
-					continue
-				}
-				if len(buf) == 0 {
-					linger.Reset(cfg.BatchLinger)
-				}
-				buf = append(buf, r)
-				size += len(r.Value)
-				if len(buf) >= cfg.BatchMaxRecords || size >= cfg.BatchMaxBytes {
-					flush(w.ctx)
-				}
-			}
-		case <-linger.C:
-			flush(w.ctx)
+		recs, ok := w.nextBatch()
+		if !ok {
+			return stopped
+		}
+		if why := w.flush(recs); why != committed {
+			return why
 		}
 	}
 }
 
-// flush decodes recs into a batch and writes it, retrying until it commits,
-// the worker is stopped, or ctx ends. Only after COMMIT is the last record
-// marked for the Kafka commit.
-func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
+// highWater is the queue size, in records and in bytes, at which the
+// partition is paused; it is resumed when the queue is back under half.
+func (w *worker) highWater() (int, int) {
+	return 2 * w.c.cfg.BatchMaxRecords, 2 * w.c.cfg.BatchMaxBytes
+}
+
+// enqueue queues records fetched for the partition. It never blocks on the
+// worker; it pauses the partition's fetching when the queue is full.
+// Called by the poll loop.
+func (w *worker) enqueue(recs []*kgo.Record) {
+	maxRecs, maxBytes := w.highWater()
+	next := w.next.Load()
+	w.mu.Lock()
+	for _, r := range recs {
+		if r.Offset < next {
+			continue // written already
+		}
+		if len(w.queue) == 0 {
+			w.firstAt = time.Now()
+		}
+		w.queue = append(w.queue, r)
+		w.qbytes += len(r.Value)
+	}
+	if !w.paused && (len(w.queue) >= maxRecs || w.qbytes >= maxBytes) {
+		w.paused = true
+		w.c.cl.PauseFetchPartitions(map[string][]int32{w.key.topic: {w.key.partition}})
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// nextBatch waits until a batch is due — BatchMaxRecords or BatchMaxBytes
+// queued, or BatchLinger since the oldest queued record — and takes it
+// from the queue. It reports false when the worker is told to stop.
+func (w *worker) nextBatch() ([]*kgo.Record, bool) {
+	cfg := &w.c.cfg
+	for {
+		w.mu.Lock()
+		n, size, first := len(w.queue), w.qbytes, w.firstAt
+		w.mu.Unlock()
+		wait := cfg.BatchLinger - time.Since(first)
+		if n > 0 && (n >= cfg.BatchMaxRecords || size >= cfg.BatchMaxBytes || wait <= 0) {
+			return w.take(), true
+		}
+		var linger <-chan time.Time
+		var t *time.Timer
+		if n > 0 {
+			t = time.NewTimer(wait)
+			linger = t.C
+		}
+		select {
+		case <-w.quit:
+			if t != nil {
+				t.Stop()
+			}
+			return nil, false
+		case <-w.wake:
+		case <-linger:
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// take removes one batch from the head of the queue, resuming the
+// partition's fetching once the queue is back under half its high water.
+func (w *worker) take() []*kgo.Record {
+	cfg := &w.c.cfg
+	maxRecs, maxBytes := w.highWater()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, size := 0, 0
+	for n < len(w.queue) && n < cfg.BatchMaxRecords && (n == 0 || size+len(w.queue[n].Value) <= cfg.BatchMaxBytes) {
+		size += len(w.queue[n].Value)
+		n++
+	}
+	batch := w.queue[:n:n]
+	w.queue = w.queue[n:]
+	w.qbytes -= size
+	if len(w.queue) == 0 {
+		w.queue = nil
+	} else {
+		w.firstAt = time.Now()
+	}
+	if w.paused && len(w.queue) < maxRecs/2 && w.qbytes < maxBytes/2 {
+		w.paused = false
+		w.c.cl.ResumeFetchPartitions(map[string][]int32{w.key.topic: {w.key.partition}})
+	}
+	return batch
+}
+
+// flush decodes recs into a batch and writes it, retrying transient and
+// unknown failures with capped backoff, until it commits or must be given
+// up: the worker is told to stop while waiting to retry (stopped), the
+// partition was taken by another writer (fenced), or the transaction's
+// context was canceled (aborted). Data errors never reach here: the
+// Writer isolates them into dead letters. Only after COMMIT is the last
+// record marked for the Kafka commit.
+func (w *worker) flush(recs []*kgo.Record) exit {
 	cfg := &w.c.cfg
 	start := time.Now()
-	last := recs[len(recs)-1]
-	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, NextOffset: last.Offset + 1}
+	b, links := w.batch(recs)
+	ctx, span := w.c.tracer.Start(w.ctx, "onceflow.batch", trace.WithLinks(links...), trace.WithAttributes(
+		attribute.String("messaging.destination.name", b.Topic),
+		attribute.Int("messaging.destination.partition.id", int(b.Partition)),
+		attribute.Int64("onceflow.first_offset", recs[0].Offset),
+		attribute.Int64("onceflow.next_offset", b.NextOffset),
+		attribute.Int64("onceflow.epoch", b.Epoch),
+		attribute.Int("messaging.batch.message_count", len(recs)),
+		attribute.Int("onceflow.events", len(b.Events)),
+		attribute.Int("onceflow.dead_letters", len(b.DeadLetters)),
+	))
+	defer span.End()
+	defer w.setRetrying(false)
+
+	backoff := cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		res, err := w.c.writer.Write(ctx, b)
+		var fe *sink.FencedError
+		if errors.As(err, &fe) && fe.Committed() {
+			// An earlier attempt's COMMIT went through although its
+			// outcome was lost: the batch is committed.
+			w.c.log.Info("batch found committed by an earlier attempt", "topic", b.Topic, "partition", b.Partition,
+				"offset", recs[0].Offset, "batch_size", len(recs))
+			res, err = sink.Result{DeadLetters: len(b.DeadLetters)}, nil
+		}
+		if err == nil {
+			w.committed(ctx, b, recs, res, start)
+			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),
+				attribute.Int("onceflow.skipped_lru", res.SkippedLRU),
+				attribute.Int("onceflow.skipped_postgres", res.SkippedPostgres),
+				attribute.Int("onceflow.attempts", attempt))
+			return committed
+		}
+		span.RecordError(err)
+		class := sink.Classify(err)
+		switch {
+		case class == sink.Fenced:
+			w.c.stats.fenced.Add(1)
+			span.SetStatus(codes.Error, "fenced")
+			w.c.log.Warn("batch fenced: another member took the partition; this worker stops and writes nothing more",
+				"topic", b.Topic, "partition", b.Partition, "offset", recs[0].Offset, "batch_size", len(recs),
+				"epoch", b.Epoch, "err", err)
+			return fenced
+		case w.ctx.Err() != nil:
+			span.SetStatus(codes.Error, "aborted")
+			return aborted
+		case class == sink.Transient:
+			w.c.log.Warn("batch failed; retrying", "topic", b.Topic, "partition", b.Partition, "offset", recs[0].Offset,
+				"batch_size", len(recs), "attempt", attempt, "class", class.String(), "backoff", backoff, "err", err)
+		default:
+			w.c.log.Error("batch failed with an error that is neither transient nor caused by the data; retrying until it is fixed "+
+				"(a handler that knows an event can never apply should return sink.RejectError)",
+				"topic", b.Topic, "partition", b.Partition, "offset", recs[0].Offset, "batch_size", len(recs),
+				"attempt", attempt, "class", class.String(), "backoff", backoff, "err", err)
+		}
+		w.c.stats.retries.Add(1)
+		w.setRetrying(true)
+		if !w.sleep(backoff) {
+			span.SetStatus(codes.Error, "given up: the worker stops")
+			if w.ctx.Err() != nil {
+				return aborted
+			}
+			return stopped
+		}
+		backoff = min(2*backoff, cfg.MaxRetryBackoff)
+	}
+}
+
+// batch decodes recs; records that cannot be decoded become the batch's
+// dead letters.
+func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
+	cfg := &w.c.cfg
+	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
+		NextOffset: recs[len(recs)-1].Offset + 1}
 	var links []trace.Link
 	for _, r := range recs {
 		ev, err := Decode(r, cfg.Decode)
@@ -122,7 +289,8 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 				EventID: de.EventID, Reason: de.Reason, Key: r.Key, Value: r.Value,
 			})
-			w.c.log.Warn("dead letter", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "reason", de.Reason)
+			w.c.log.Warn("dead letter: the record cannot be decoded", "topic", r.Topic, "partition", r.Partition,
+				"offset", r.Offset, "reason", de.Reason)
 			continue
 		}
 		if w.c.traced {
@@ -133,184 +301,78 @@ func (w *worker) flush(ctx context.Context, recs []*kgo.Record) {
 		}
 		b.Events = append(b.Events, ev)
 	}
-
-	ctx, span := w.c.tracer.Start(ctx, "onceflow.batch", trace.WithLinks(links...), trace.WithAttributes(
-		attribute.String("messaging.destination.name", b.Topic),
-		attribute.Int("messaging.destination.partition.id", int(b.Partition)),
-		attribute.Int64("onceflow.first_offset", recs[0].Offset),
-		attribute.Int64("onceflow.next_offset", b.NextOffset),
-		attribute.Int("messaging.batch.message_count", len(recs)),
-		attribute.Int("onceflow.events", len(b.Events)),
-		attribute.Int("onceflow.dead_letters", len(b.DeadLetters)),
-	))
-	defer span.End()
-
-	backoff := cfg.RetryBackoff
-	producedDLQ := false
-	for attempt := 1; ; attempt++ {
-		if attempt > 1 {
-			w.c.stats.retries.Add(1)
-			if !w.sleep(ctx, backoff) {
-				span.SetStatus(codes.Error, "aborted")
-				return
-			}
-			backoff = min(2*backoff, cfg.MaxRetryBackoff)
-		}
-		if w.fence.Load() == unknownFence && !w.resync(ctx, b) {
-			continue
-		}
-		if !producedDLQ && len(b.DeadLetters) > 0 {
-			if err := w.produceDeadLetters(ctx, b.DeadLetters); err != nil {
-				w.c.log.Warn("produce dead letters", "topic", cfg.DeadLetterTopic, "err", err, "attempt", attempt)
-				continue
-			}
-			producedDLQ = true
-		}
-		b.Fence = w.fence.Load()
-		res, err := w.c.writer.Write(ctx, b)
-		switch {
-		case err == nil:
-			w.fence.Store(b.NextOffset)
-			w.next.Store(b.NextOffset)
-			// Events a handler rejected became dead letters inside the
-			// transaction; publish them before the Kafka offset moves.
-			w.publishRejected(ctx, res.Rejected)
-			if !w.c.aborting.Load() {
-				// Only now may Kafka learn of the batch: marked offsets are
-				// committed in the background, on revoke and on shutdown.
-				_, mark := w.c.tracer.Start(ctx, "kafka.mark_offset",
-					trace.WithAttributes(attribute.Int64("messaging.kafka.offset", b.NextOffset)))
-				w.cl.MarkCommitRecords(last)
-				mark.End()
-			}
-			w.count(res)
-			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),
-				attribute.Int("onceflow.skipped_lru", res.SkippedLRU),
-				attribute.Int("onceflow.skipped_postgres", res.SkippedPostgres))
-			if cfg.OnBatch != nil {
-				cfg.OnBatch(BatchInfo{Topic: b.Topic, Partition: b.Partition, Records: len(recs),
-					NextOffset: b.NextOffset, Result: res, Duration: time.Since(start)})
-			}
-			return
-		case ctx.Err() != nil:
-			span.SetStatus(codes.Error, "aborted")
-			return
-		case errors.Is(err, sink.ErrFenced):
-			w.c.stats.fenced.Add(1)
-			span.AddEvent("fenced")
-			w.c.log.Warn("batch fenced: another writer moved the stored offset; rolled back",
-				"topic", b.Topic, "partition", b.Partition, "offset", recs[0].Offset, "fence", b.Fence)
-			if !w.resync(ctx, b) {
-				continue
-			}
-			if len(b.Events)+len(b.DeadLetters) == 0 {
-				return // everything in the batch was already written by the other writer
-			}
-			backoff = cfg.RetryBackoff
-		default:
-			w.c.log.Warn("batch failed; retrying", "topic", b.Topic, "partition", b.Partition,
-				"offset", recs[0].Offset, "batch_size", len(recs), "attempt", attempt,
-				"retryable", sink.IsRetryable(err), "err", err)
-			span.RecordError(err)
-		}
-	}
+	return b, links
 }
 
-// resync reads the partition's stored offset, adopts it as the fence, drops
-// from b what lies below it, and seeks the client there if it is ahead.
-// It reports false if the offset could not be read.
-func (w *worker) resync(ctx context.Context, b *sink.Batch) bool {
-	stored, err := w.c.writer.StoredOffsets(ctx, w.key.topic, []int32{w.key.partition})
-	if err != nil {
-		w.c.log.Warn("read stored offset", "topic", w.key.topic, "partition", w.key.partition, "err", err)
-		return false
+// committed records a committed batch: the new fence, the Kafka mark, the
+// counters and the OnBatch callback.
+func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Record, res sink.Result, start time.Time) {
+	w.fence = b.NextOffset
+	w.next.Store(b.NextOffset)
+	if !w.c.aborting.Load() {
+		// Only now may Kafka learn of the batch: marked offsets are
+		// committed in the background, on revoke and on shutdown.
+		_, mark := w.c.tracer.Start(ctx, "kafka.mark_offset",
+			trace.WithAttributes(attribute.Int64("messaging.kafka.offset", b.NextOffset)))
+		w.c.cl.MarkCommitRecords(recs[len(recs)-1])
+		mark.End()
 	}
-	s, ok := stored[w.key.partition]
-	if !ok {
-		w.fence.Store(noRow)
-		return true
-	}
-	w.fence.Store(s)
-	if s <= w.next.Load() {
-		return true
-	}
-	w.next.Store(s)
-	b.Events = dropBelow(b.Events, s, func(e sink.Event) int64 { return e.Offset })
-	b.DeadLetters = dropBelow(b.DeadLetters, s, func(d sink.DeadLetter) int64 { return d.Offset })
-	if s > b.NextOffset {
-		b.NextOffset = s
-	}
-	w.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.key.topic: {w.key.partition: {Epoch: -1, Offset: s}}})
-	return true
-}
-
-func dropBelow[T any](xs []T, min int64, offset func(T) int64) []T {
-	out := xs[:0]
-	for _, x := range xs {
-		if offset(x) >= min {
-			out = append(out, x)
-		}
-	}
-	return out
-}
-
-// publishRejected publishes dead letters found inside a committed
-// transaction, retrying until it succeeds or the worker stops. They are
-// already in the dead_letters table, so a crash here loses nothing.
-func (w *worker) publishRejected(ctx context.Context, dls []sink.DeadLetter) {
-	backoff := w.c.cfg.RetryBackoff
-	for len(dls) > 0 {
-		err := w.produceDeadLetters(ctx, dls)
-		if err == nil {
-			return
-		}
-		w.c.log.Warn("produce dead letters", "topic", w.c.cfg.DeadLetterTopic, "err", err)
-		if !w.sleep(ctx, backoff) {
-			return
-		}
-		backoff = min(2*backoff, w.c.cfg.MaxRetryBackoff)
-	}
-}
-
-func (w *worker) produceDeadLetters(ctx context.Context, dls []sink.DeadLetter) error {
-	topic := w.c.cfg.DeadLetterTopic
-	if topic == "" {
-		return nil
-	}
-	recs := make([]*kgo.Record, len(dls))
-	for i, d := range dls {
-		recs[i] = &kgo.Record{Topic: topic, Key: d.Key, Value: d.Value, Headers: []kgo.RecordHeader{
-			{Key: "reason", Value: []byte(d.Reason)},
-			{Key: "topic", Value: []byte(d.Topic)},
-			{Key: "partition", Value: []byte(strconv.Itoa(int(d.Partition)))},
-			{Key: "offset", Value: []byte(strconv.FormatInt(d.Offset, 10))},
-		}}
-		if d.EventID.Valid {
-			recs[i].Headers = append(recs[i].Headers, kgo.RecordHeader{Key: HeaderEventID, Value: []byte(d.EventID.UUID.String())})
-		}
-	}
-	return w.cl.ProduceSync(ctx, recs...).FirstErr()
-}
-
-func (w *worker) count(res sink.Result) {
 	s := &w.c.stats
 	s.batches.Add(1)
 	s.applied.Add(int64(res.Applied))
 	s.skippedLRU.Add(int64(res.SkippedLRU))
 	s.skippedPG.Add(int64(res.SkippedPostgres))
 	s.dead.Add(int64(res.DeadLetters))
+	if res.DeadLetters > 0 {
+		select {
+		case w.c.dlWake <- struct{}{}:
+		default:
+		}
+	}
+	if cb := w.c.cfg.OnBatch; cb != nil {
+		cb(BatchInfo{Topic: b.Topic, Partition: b.Partition, Records: len(recs),
+			NextOffset: b.NextOffset, Result: res, Duration: time.Since(start)})
+	}
+}
+
+func (w *worker) setRetrying(on bool) {
+	if w.retrying == on {
+		return
+	}
+	w.retrying = on
+	if on {
+		w.c.stats.retrying.Add(1)
+	} else {
+		w.c.stats.retrying.Add(-1)
+	}
 }
 
 // sleep waits d, or returns false early when the worker is told to stop or
-// ctx ends: a batch that cannot commit is then aborted, never half-applied.
-func (w *worker) sleep(ctx context.Context, d time.Duration) bool {
+// aborted: a batch waiting to be retried is then given up, never written.
+func (w *worker) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
-	case <-ctx.Done():
+	case <-w.ctx.Done():
 	case <-w.quit:
 	}
 	return false
+}
+
+// fenced is called by a worker that stopped because another writer took
+// its partition. The partition stays paused, with no worker, and is taken
+// again after the session timeout if this member still owns it then: a
+// zombie that took it late learns from the group by then that it lost it.
+func (c *Consumer) fenced(w *worker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	part := c.parts[w.key]
+	if part == nil || part.w != w {
+		return
+	}
+	part.w = nil
+	part.retakeAt = time.Now().Add(c.cfg.SessionTimeout)
+	c.cl.PauseFetchPartitions(map[string][]int32{w.key.topic: {w.key.partition}})
 }

@@ -14,6 +14,7 @@ import (
 type Event struct {
 	ID        uuid.UUID
 	Value     []byte // JSON, already validated by the decoder
+	Key       []byte // the record's key, if any
 	Topic     string
 	Partition int32
 	Offset    int64
@@ -39,9 +40,12 @@ type DeadLetter struct {
 type Batch struct {
 	Topic     string
 	Partition int32
-	// Fence is the next offset the worker last read from, or wrote to,
-	// sink_offsets for this partition (-1 when no row existed). The batch
-	// commits only if the row still holds it.
+	// Epoch is the writer's lease on the partition (Writer.Take). The batch
+	// commits only if sink_offsets still holds this epoch.
+	Epoch int64
+	// Fence is the next offset the worker expects stored: the lease's
+	// offset, then each committed batch's NextOffset (-1: none stored yet).
+	// The batch commits only if the row still holds it.
 	Fence int64
 	// NextOffset is the offset after the batch's last record: the value
 	// stored in sink_offsets by the batch.
@@ -55,9 +59,9 @@ type Result struct {
 	Applied         int          // keys claimed and applied by their handler
 	SkippedLRU      int          // keys dropped by the cache without a round trip
 	SkippedPostgres int          // keys whose processed_events row already existed (or repeated in the batch)
-	DeadLetters     int          // records written to dead_letters (decode failures and rejections)
-	Rejected        []DeadLetter // events a handler rejected, included in DeadLetters
-	Attempts        int          // transactions begun: 1 + one per rejection retry
+	DeadLetters     int          // records written to dead_letters (decode failures, rejections, data errors)
+	Rejected        []DeadLetter // events dead-lettered inside the transaction (rejected or isolated), included in DeadLetters
+	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated
 }
 
 // Handler applies the business effects of a batch of events inside the
@@ -65,10 +69,17 @@ type Result struct {
 // claimed, in offset order, each event at most once; it must write in bulk
 // (COPY, unnest arrays, pgx.Batch) rather than one statement per event.
 //
-// Apply must not commit or roll back tx. An error aborts the whole batch;
-// an error wrapping *RejectError drops that event into dead letters and the
-// batch is retried without it. Handlers are called sequentially, never
-// concurrently with themselves.
+// Apply must not commit or roll back tx. What an error does depends on its
+// class (see [Classify]): a data error (an error wrapping *RejectError, or a
+// Postgres data exception, constraint violation or program limit) makes
+// the Writer isolate the events that cause it into dead letters and apply
+// the rest; a transient error makes the whole batch retry; any other error
+// (including a panic, which is recovered) also retries the batch, with
+// backoff, and is logged as an error for an operator to fix. So a handler
+// that can tell an event will never apply should return a *RejectError for
+// it. Handlers are called sequentially, never concurrently with themselves;
+// a handler may be called several times for one batch, on subsets, when
+// culprits are being isolated.
 type Handler interface {
 	// Name is the handler's stable identity: the handler column of
 	// processed_events. Renaming a handler makes every event new to it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -28,7 +29,10 @@ type Config struct {
 	Handlers []Handler // at least one; names must be unique and non-empty
 	// Cache is the LRU fast path; nil disables it.
 	Cache *dedup.Cache
-	// TxTimeout bounds one transaction, COMMIT included; default 30s.
+	// TxTimeout bounds one transaction, COMMIT included; default 30s. The
+	// server also ends a session left idle inside a transaction for this
+	// long (idle_in_transaction_session_timeout), so a writer that stalls
+	// mid-transaction (a stopped process) cannot hold its locks forever.
 	TxTimeout time.Duration
 	// SkipLogLimit is how many dedup.skip lines a batch logs at Info; the
 	// rest are logged at Debug. Default 10.
@@ -40,6 +44,81 @@ type Config struct {
 	TracerProvider trace.TracerProvider // nil disables tracing
 }
 
+// Default values of Config.
+const (
+	DefaultSchema         = "public"
+	DefaultBus            = "kafka"
+	DefaultTxTimeout      = 30 * time.Second
+	DefaultSkipLogLimit   = 10
+	DefaultSkipEventLimit = 32
+)
+
+// withDefaults returns c with every zero value replaced by its default.
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.Bus == "" {
+		c.Bus = DefaultBus
+	}
+	if c.TxTimeout == 0 {
+		c.TxTimeout = DefaultTxTimeout
+	}
+	if c.SkipLogLimit == 0 {
+		c.SkipLogLimit = DefaultSkipLogLimit
+	}
+	if c.SkipEventLimit == 0 {
+		c.SkipEventLimit = DefaultSkipEventLimit
+	}
+	return c
+}
+
+// Validate returns every problem with c (after defaults), each naming its
+// field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var ps []error
+	if c.Group == "" {
+		ps = append(ps, errors.New("sink: Group is required"))
+	}
+	if !validIdentifier(c.Schema) {
+		ps = append(ps, fmt.Errorf("sink: Schema %q is not a lower-case SQL identifier", c.Schema))
+	}
+	if c.TxTimeout < 0 {
+		ps = append(ps, fmt.Errorf("sink: TxTimeout %v is negative", c.TxTimeout))
+	}
+	if len(c.Handlers) == 0 {
+		ps = append(ps, errors.New("sink: at least one handler is required"))
+	}
+	seen := map[string]bool{}
+	for _, h := range c.Handlers {
+		switch name := h.Name(); {
+		case name == "":
+			ps = append(ps, errors.New("sink: a handler has an empty name"))
+		case seen[name]:
+			ps = append(ps, fmt.Errorf("sink: handler %q registered twice", name))
+		default:
+			seen[name] = true
+		}
+	}
+	return errors.Join(ps...)
+}
+
+func validIdentifier(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, r := range s {
+		switch {
+		case r == '_', r >= 'a' && r <= 'z':
+		case r >= '0' && r <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // Writer writes partition batches to Postgres, one transaction each. It is
 // safe for concurrent use by several partition workers; each call of Write
 // is independent. The pool is owned by the caller.
@@ -48,51 +127,21 @@ type Writer struct {
 	cfg       Config
 	tracer    trace.Tracer
 	log       *slog.Logger
+	begin     pgx.TxOptions
 	processed string // sanitized, schema-qualified table names
 	offsets   string
 	dead      string
 }
 
 // New returns a Writer over pool. It does not touch the database; run
-// Migrate first.
+// Migrate first. Every problem with cfg is reported.
 func New(pool *pgxpool.Pool, cfg Config) (*Writer, error) {
+	cfg = cfg.withDefaults()
+	err := cfg.Validate()
 	if pool == nil {
-		return nil, errors.New("sink: nil pool")
+		err = errors.Join(errors.New("sink: nil pool"), err)
 	}
-	if cfg.Schema == "" {
-		cfg.Schema = "public"
-	}
-	if cfg.Bus == "" {
-		cfg.Bus = "kafka"
-	}
-	if cfg.TxTimeout <= 0 {
-		cfg.TxTimeout = 30 * time.Second
-	}
-	if cfg.SkipLogLimit == 0 {
-		cfg.SkipLogLimit = 10
-	}
-	if cfg.SkipEventLimit == 0 {
-		cfg.SkipEventLimit = 32
-	}
-	var problems []error
-	if cfg.Group == "" {
-		problems = append(problems, errors.New("sink: group is required"))
-	}
-	if len(cfg.Handlers) == 0 {
-		problems = append(problems, errors.New("sink: at least one handler is required"))
-	}
-	seen := map[string]bool{}
-	for _, h := range cfg.Handlers {
-		switch name := h.Name(); {
-		case name == "":
-			problems = append(problems, errors.New("sink: a handler has an empty name"))
-		case seen[name]:
-			problems = append(problems, fmt.Errorf("sink: handler %q registered twice", name))
-		default:
-			seen[name] = true
-		}
-	}
-	if err := errors.Join(problems...); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	log := cfg.Logger
@@ -104,11 +153,16 @@ func New(pool *pgxpool.Pool, cfg Config) (*Writer, error) {
 		tp = noop.NewTracerProvider()
 	}
 	table := func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }
+	// One round trip begins the transaction and bounds how long the server
+	// keeps it open while the client is silent.
+	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = %d",
+		max(cfg.TxTimeout.Milliseconds(), 1))
 	return &Writer{
 		pool:      pool,
 		cfg:       cfg,
 		tracer:    tp.Tracer("github.com/onceflow/onceflow/sink"),
 		log:       log,
+		begin:     pgx.TxOptions{BeginQuery: begin},
 		processed: table("processed_events"),
 		offsets:   table("sink_offsets"),
 		dead:      table("dead_letters"),
@@ -124,20 +178,38 @@ func (w *Writer) Handlers() []string {
 	return names
 }
 
-// StoredOffsets returns the next offset stored in sink_offsets for each
-// given partition of topic; partitions with no row are absent from the map.
-func (w *Writer) StoredOffsets(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
-	rows, err := w.pool.Query(ctx, `SELECT partition, next_offset FROM `+w.offsets+`
-WHERE consumer_group = $1 AND topic = $2 AND partition = ANY($3)`, w.cfg.Group, topic, partitions)
+// Lease is what a new owner of a partition gets from [Writer.Take].
+type Lease struct {
+	// Epoch is the owner's fencing token: every batch it writes carries
+	// it, and a batch of any older epoch is fenced.
+	Epoch int64
+	// NextOffset is the offset stored for the partition, where
+	// consumption must start; -1 when none is stored yet.
+	NextOffset int64
+}
+
+// Take makes the caller the writer of the given partitions of topic: in one
+// statement it bumps each partition's epoch in sink_offsets (creating the
+// row if needed) and returns the new epoch with the stored offset. From
+// then on, batches of any earlier epoch are fenced, whether or not the new
+// owner has written anything. Rows are taken in partition order, so
+// concurrent takers do not deadlock.
+func (w *Writer) Take(ctx context.Context, topic string, partitions []int32) (map[int32]Lease, error) {
+	ps := slices.Clone(partitions)
+	slices.Sort(ps)
+	rows, err := w.pool.Query(ctx, `INSERT INTO `+w.offsets+` AS o (consumer_group, topic, partition, next_offset, epoch)
+SELECT $1, $2, p, NULL, 1 FROM unnest($3::int[]) AS p ORDER BY p
+ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET epoch = o.epoch + 1, updated_at = now()
+RETURNING partition, epoch, coalesce(next_offset, -1)`, w.cfg.Group, topic, ps)
 	if err != nil {
-		return nil, fmt.Errorf("read stored offsets: %w", err)
+		return nil, fmt.Errorf("take partitions: %w", err)
 	}
-	out := make(map[int32]int64, len(partitions))
+	out := make(map[int32]Lease, len(ps))
 	var p int32
-	var next int64
-	_, err = pgx.ForEachRow(rows, []any{&p, &next}, func() error { out[p] = next; return nil })
+	var l Lease
+	_, err = pgx.ForEachRow(rows, []any{&p, &l.Epoch, &l.NextOffset}, func() error { out[p] = l; return nil })
 	if err != nil {
-		return nil, fmt.Errorf("read stored offsets: %w", err)
+		return nil, fmt.Errorf("take partitions: %w", err)
 	}
 	return out, nil
 }
@@ -148,20 +220,85 @@ type pending struct {
 	event int // index into Batch.Events
 }
 
+// outcome is what one application of some events did inside a transaction.
+type outcome struct {
+	claimed []dedup.Key
+	already []skip
+	dead    []DeadLetter // events isolated into dead letters
+}
+
+func (o *outcome) merge(p outcome) {
+	o.claimed = append(o.claimed, p.claimed...)
+	o.already = append(o.already, p.already...)
+	o.dead = append(o.dead, p.dead...)
+}
+
 // Write applies b in one transaction and returns what it did. On success the
-// batch's effects, its dead letters and sink_offsets = b.NextOffset are
+// effects of every event of b that applied, the dead letters (b's own and
+// the events isolated below), and sink_offsets = b.NextOffset are
 // committed, and the claimed keys are in the cache.
 //
-// Errors: a *FencedError (errors.Is ErrFenced) when the offset
-// compare-and-set fails; otherwise the transaction's error, wrapped. On any
-// error nothing is committed — unless COMMIT itself failed with an unknown
-// outcome, in which case a retry of the same batch is fenced if it had in
-// fact committed. The cache is only updated after a successful COMMIT.
-// Write does not modify b; events a handler rejected are returned in
-// Result.Rejected, already written to dead_letters.
+// When a handler fails with a data error ([Classify] says [Data]: a
+// [RejectError], a data exception, a constraint violation, a value too
+// large for an index), the transaction is rolled back and the batch is
+// written again in one transaction that isolates the culprits: events are
+// applied in halves under savepoints, recursively, and each event that
+// fails on its own becomes a dead letter with the SQLSTATE and message as
+// its reason; all the others apply. k bad events among n cost O(k·log n)
+// savepoints and two transactions. A dead-lettered event applies nothing
+// for any handler.
+//
+// Errors: a *FencedError (errors.Is ErrFenced) when the compare-and-set on
+// (epoch, offset) fails; otherwise the transaction's error, wrapped; use
+// [Classify] to decide what to do. On any error nothing is committed —
+// unless COMMIT itself failed with an unknown outcome: a retry of the same
+// batch is then fenced with [FencedError.Committed] true if it had in fact
+// committed. The cache is only updated after a successful COMMIT. Write
+// does not modify b.
 func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	var res Result
-	// The fast path: drop keys known to be committed, without a round trip.
+	if b.Epoch < 1 {
+		return res, fmt.Errorf("batch of %s/%d has no epoch: Take the partition first", b.Topic, b.Partition)
+	}
+	todo, skipped := w.fromCache(b)
+	res.SkippedLRU = len(skipped)
+
+	res.Attempts++
+	out, err := w.transaction(ctx, b, todo, false)
+	if err != nil && isolatable(err) {
+		w.log.Warn("batch failed on a data error; isolating the events that cause it",
+			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "batch_size", len(b.Events), "err", err)
+		res.Attempts++
+		out, err = w.transaction(ctx, b, todo, true)
+	}
+	if err != nil {
+		return res, err
+	}
+	// Committed. Every key claimed, and every key found already claimed,
+	// is now known committed.
+	known := slices.Clip(out.claimed)
+	for _, s := range out.already {
+		known = append(known, s.key)
+	}
+	w.cfg.Cache.Remember(known)
+	skipped = append(skipped, out.already...)
+	res.Applied = len(out.claimed)
+	res.SkippedPostgres = len(out.already)
+	res.DeadLetters = len(b.DeadLetters) + len(out.dead)
+	res.Rejected = out.dead
+	w.logSkips(ctx, b, skipped)
+	return res, nil
+}
+
+func firstOffset(b *Batch) int64 {
+	if len(b.Events) > 0 {
+		return b.Events[0].Offset
+	}
+	return b.NextOffset
+}
+
+// fromCache drops the keys the cache knows are committed.
+func (w *Writer) fromCache(b *Batch) ([]pending, []skip) {
 	var todo []pending
 	var skipped []skip
 	for i := range b.Events {
@@ -174,41 +311,7 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 			todo = append(todo, pending{k, i})
 		}
 	}
-	res.SkippedLRU = len(skipped)
-
-	var rejected []DeadLetter
-	for {
-		res.Attempts++
-		claimedKeys, pgSkipped, err := w.attempt(ctx, b, todo, rejected)
-		var reject *RejectError
-		if errors.As(err, &reject) {
-			var ok bool
-			var dl DeadLetter
-			if todo, dl, ok = w.reject(b, todo, reject); !ok {
-				return res, fmt.Errorf("handler rejected event %s, which is not in the batch: %w", reject.EventID, err)
-			}
-			rejected = append(rejected, dl)
-			continue
-		}
-		if err != nil {
-			return res, err
-		}
-		// Committed. Every key claimed, and every key found already
-		// claimed, is now known committed.
-		known := make([]dedup.Key, 0, len(claimedKeys)+len(pgSkipped))
-		known = append(known, claimedKeys...)
-		for _, s := range pgSkipped {
-			known = append(known, s.key)
-		}
-		w.cfg.Cache.Remember(known)
-		skipped = append(skipped, pgSkipped...)
-		res.Applied = len(claimedKeys)
-		res.SkippedPostgres = len(pgSkipped)
-		res.DeadLetters = len(b.DeadLetters) + len(rejected)
-		res.Rejected = rejected
-		w.logSkips(ctx, b, skipped)
-		return res, nil
-	}
+	return todo, skipped
 }
 
 type skip struct {
@@ -217,70 +320,90 @@ type skip struct {
 	layer string // lru | postgres
 }
 
-// reject moves the rejected event out of the batch's work into its dead
-// letters.
-func (w *Writer) reject(b *Batch, todo []pending, r *RejectError) ([]pending, DeadLetter, bool) {
-	idx := -1
-	todo = slices.DeleteFunc(todo, func(p pending) bool {
-		if p.key.EventID == r.EventID {
-			idx = p.event
-			return true
-		}
+// isolatable reports whether err is a data error raised by the events'
+// application (a handler, or a deferred constraint at COMMIT), which the
+// isolating transaction can attribute to events.
+func isolatable(err error) bool {
+	if !IsData(err) {
 		return false
-	})
-	if idx < 0 {
-		return todo, DeadLetter{}, false
 	}
-	e := b.Events[idx]
-	dl := DeadLetter{
-		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
-		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
-		Reason:  "rejected: " + r.Reason, Value: e.Value,
-	}
-	w.log.Warn("event rejected", "topic", b.Topic, "partition", b.Partition,
-		"event_id", r.EventID.String(), "reason", r.Reason)
-	return todo, dl, true
+	var he *handlerError
+	var ce *commitError
+	return errors.As(err, &he) || errors.As(err, &ce)
 }
 
-// attempt runs one transaction: claim, handlers, dead letters (the
-// batch's and those rejected so far), offset CAS, commit. It returns the keys claimed and the keys found already claimed.
-func (w *Writer) attempt(ctx context.Context, b *Batch, todo []pending, rejected []DeadLetter) ([]dedup.Key, []skip, error) {
+// commitError is a failed COMMIT.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string { return "commit: " + e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }
+
+// transaction runs one transaction: apply (or isolate), dead letters,
+// offset compare-and-set, commit.
+func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, isolate bool) (outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
 	defer cancel()
+	tx, err := w.pool.BeginTx(ctx, w.begin)
+	if err != nil {
+		return outcome{}, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	var out outcome
+	if isolate {
+		out, err = w.isolate(ctx, tx, b, todo)
+	} else {
+		out, err = w.apply(ctx, tx, b, todo)
+	}
+	if err != nil {
+		return outcome{}, err
+	}
+	if err := w.insertDeadLetters(ctx, tx, append(slices.Clip(b.DeadLetters), out.dead...)); err != nil {
+		return outcome{}, err
+	}
+	octx, span := w.tracer.Start(ctx, "sink.offset_cas", trace.WithAttributes(
+		attribute.Int64("onceflow.epoch", b.Epoch), attribute.Int64("onceflow.fence", b.Fence),
+		attribute.Int64("onceflow.next_offset", b.NextOffset)))
+	err = w.storeOffset(octx, tx, b)
+	endSpan(span, err)
+	if err != nil {
+		return outcome{}, err
+	}
+	cctx, span := w.tracer.Start(ctx, "sink.commit")
+	err = tx.Commit(cctx)
+	endSpan(span, err)
+	if err != nil {
+		return outcome{}, &commitError{err}
+	}
+	return out, nil
+}
+
+// apply claims keys and runs each handler on the events it claimed.
+func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending) (outcome, error) {
 	traceID := ""
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 		traceID = sc.TraceID().String()
 	}
-
-	tx, err := w.pool.Begin(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin: %w", err)
+	ks := make([]dedup.Key, len(keys))
+	for i, p := range keys {
+		ks[i] = p.key
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-
-	// Claim: one round trip for every (event, handler) left.
-	keys := make([]dedup.Key, len(todo))
-	for i, p := range todo {
-		keys[i] = p.key
-	}
-	cctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
-	won, err := dedup.Claim(cctx, tx, w.processed, w.cfg.Bus, traceID, keys)
+	cctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(ks))))
+	won, err := dedup.Claim(cctx, tx, w.processed, w.cfg.Bus, traceID, ks)
 	endSpan(span, err)
 	if err != nil {
-		return nil, nil, err
+		return outcome{}, err
 	}
+	var out outcome
 	perHandler := make(map[string][]Event, len(w.cfg.Handlers))
-	var claimed []dedup.Key
-	var already []skip
-	for i, p := range todo {
+	for i, p := range keys {
 		if won[i] {
-			claimed = append(claimed, p.key)
+			out.claimed = append(out.claimed, p.key)
 			perHandler[p.key.Handler] = append(perHandler[p.key.Handler], b.Events[p.event])
 		} else {
-			already = append(already, skip{p.key, p.event, "postgres"})
+			out.already = append(out.already, skip{p.key, p.event, "postgres"})
 		}
 	}
-
 	for _, h := range w.cfg.Handlers {
 		events := perHandler[h.Name()]
 		if len(events) == 0 {
@@ -288,52 +411,140 @@ func (w *Writer) attempt(ctx context.Context, b *Batch, todo []pending, rejected
 		}
 		hctx, span := w.tracer.Start(ctx, "handler "+h.Name(), trace.WithAttributes(
 			attribute.String("onceflow.handler", h.Name()), attribute.Int("onceflow.events", len(events))))
-		err := h.Apply(hctx, tx, events)
+		err := runHandler(hctx, h, tx, events)
 		endSpan(span, err)
 		if err != nil {
-			return nil, nil, fmt.Errorf("handler %s: %w", h.Name(), err)
+			return outcome{}, &handlerError{handler: h.Name(), err: err}
 		}
 	}
-
-	if err := w.insertDeadLetters(ctx, tx, append(slices.Clip(b.DeadLetters), rejected...)); err != nil {
-		return nil, nil, err
-	}
-
-	octx, span := w.tracer.Start(ctx, "sink.offset_cas", trace.WithAttributes(
-		attribute.Int64("onceflow.fence", b.Fence), attribute.Int64("onceflow.next_offset", b.NextOffset)))
-	err = w.storeOffset(octx, tx, b)
-	endSpan(span, err)
-	if err != nil {
-		return nil, nil, err
-	}
-
-	cctx, span = w.tracer.Start(ctx, "sink.commit")
-	err = tx.Commit(cctx)
-	endSpan(span, err)
-	if err != nil {
-		return nil, nil, fmt.Errorf("commit: %w", err)
-	}
-	return claimed, already, nil
+	return out, nil
 }
 
-// storeOffset is the fence: it moves sink_offsets from b.Fence to
-// b.NextOffset, or inserts the row when none exists. Zero rows returned
-// means another writer moved the offset.
-func (w *Writer) storeOffset(ctx context.Context, tx pgx.Tx, b *Batch) error {
-	var got int64
-	err := tx.QueryRow(ctx, `INSERT INTO `+w.offsets+` AS o (consumer_group, topic, partition, next_offset)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (consumer_group, topic, partition) DO UPDATE
-SET next_offset = EXCLUDED.next_offset, updated_at = now()
-WHERE o.next_offset = $5
-RETURNING o.next_offset`, w.cfg.Group, b.Topic, b.Partition, b.NextOffset, b.Fence).Scan(&got)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return &FencedError{Group: w.cfg.Group, Topic: b.Topic, Partition: b.Partition, Fence: b.Fence}
+// runHandler calls h.Apply, turning a panic into an error.
+func runHandler(ctx context.Context, h Handler, tx pgx.Tx, events []Event) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return h.Apply(ctx, tx, events)
+}
+
+const savepoint = "onceflow_isolate"
+
+// isolate applies todo event by event group under savepoints, halving
+// groups that fail with a data error until each culprit is alone, and
+// turns the culprits into dead letters. Constraints are checked
+// immediately, so a deferred constraint fails inside the savepoint of the
+// events that violate it rather than at COMMIT. A non-data error ends the
+// isolation and is returned.
+func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending) (outcome, error) {
+	ctx, span := w.tracer.Start(ctx, "sink.isolate")
+	defer span.End()
+	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+		return outcome{}, fmt.Errorf("isolate: %w", err)
 	}
+	byEvent := map[int][]pending{}
+	var events []int
+	for _, p := range todo {
+		if _, ok := byEvent[p.event]; !ok {
+			events = append(events, p.event)
+		}
+		byEvent[p.event] = append(byEvent[p.event], p)
+	}
+	var out outcome
+	savepoints := 0
+	var try func(evs []int) error
+	try = func(evs []int) error {
+		if len(evs) == 0 {
+			return nil
+		}
+		var keys []pending
+		for _, e := range evs {
+			keys = append(keys, byEvent[e]...)
+		}
+		savepoints++
+		if _, err := tx.Exec(ctx, `SAVEPOINT `+savepoint); err != nil {
+			return fmt.Errorf("isolate: %w", err)
+		}
+		o, err := w.apply(ctx, tx, b, keys)
+		if err == nil {
+			if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT `+savepoint); err != nil {
+				return fmt.Errorf("isolate: %w", err)
+			}
+			out.merge(o)
+			return nil
+		}
+		if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT `+savepoint+`; RELEASE SAVEPOINT `+savepoint); rerr != nil {
+			return fmt.Errorf("isolate: %w (after %w)", rerr, err)
+		}
+		if !IsData(err) {
+			return err
+		}
+		var reject *RejectError
+		if errors.As(err, &reject) {
+			if i := slices.IndexFunc(evs, func(e int) bool { return b.Events[e].ID == reject.EventID }); i >= 0 {
+				out.dead = append(out.dead, w.deadLetter(b, evs[i], err))
+				return try(slices.Delete(slices.Clone(evs), i, i+1))
+			}
+		}
+		if len(evs) == 1 {
+			out.dead = append(out.dead, w.deadLetter(b, evs[0], err))
+			return nil
+		}
+		mid := len(evs) / 2
+		if err := try(evs[:mid]); err != nil {
+			return err
+		}
+		return try(evs[mid:])
+	}
+	err := try(events)
+	span.SetAttributes(attribute.Int("onceflow.savepoints", savepoints), attribute.Int("onceflow.dead_letters", len(out.dead)))
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return outcome{}, err
+	}
+	return out, nil
+}
+
+// deadLetter is the dead letter of event i, which failed with err.
+func (w *Writer) deadLetter(b *Batch, i int, err error) DeadLetter {
+	e := b.Events[i]
+	dl := DeadLetter{
+		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
+		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
+		Reason:  reason(err), Key: e.Key, Value: e.Value,
+	}
+	w.log.Warn("dead letter: the event cannot be applied", "topic", e.Topic, "partition", e.Partition,
+		"offset", e.Offset, "event_id", e.ID.String(), "reason", dl.Reason)
+	return dl
+}
+
+// storeOffset is the fence: it moves sink_offsets from (b.Epoch, b.Fence)
+// to b.NextOffset. Zero rows updated means another writer took the
+// partition, or an earlier attempt of b committed.
+func (w *Writer) storeOffset(ctx context.Context, tx pgx.Tx, b *Batch) error {
+	var fence *int64
+	if b.Fence >= 0 {
+		fence = &b.Fence
+	}
+	tag, err := tx.Exec(ctx, `UPDATE `+w.offsets+` SET next_offset = $4, updated_at = now()
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $5 AND next_offset IS NOT DISTINCT FROM $6::bigint`,
+		w.cfg.Group, b.Topic, b.Partition, b.NextOffset, b.Epoch, fence)
 	if err != nil {
 		return fmt.Errorf("store offset: %w", err)
 	}
-	return nil
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	fe := &FencedError{Group: w.cfg.Group, Topic: b.Topic, Partition: b.Partition,
+		Epoch: b.Epoch, Fence: b.Fence, Next: b.NextOffset, StoredEpoch: -1, StoredOffset: -1}
+	err = tx.QueryRow(ctx, `SELECT epoch, coalesce(next_offset, -1) FROM `+w.offsets+`
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, w.cfg.Group, b.Topic, b.Partition).Scan(&fe.StoredEpoch, &fe.StoredOffset)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("store offset: read the fence: %w", err)
+	}
+	return fe
 }
 
 func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {

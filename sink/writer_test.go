@@ -30,6 +30,16 @@ func newWriter(t *testing.T, pool *pgxpool.Pool, schema string, cache *dedup.Cac
 	return w
 }
 
+// take takes partition 0 of "orders" for w and returns its epoch.
+func take(t *testing.T, w *sink.Writer) int64 {
+	t.Helper()
+	leases, err := w.Take(t.Context(), "orders", []int32{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leases[0].Epoch
+}
+
 func order(user int64, items ...string) []byte {
 	b, _ := json.Marshal(orders.Order{UserID: user, Items: items})
 	return b
@@ -59,9 +69,10 @@ func TestWriteMixedBatch(t *testing.T) {
 		d: {UserID: 1, Items: []string{"B", "B"}},
 	}
 	val := func(id uuid.UUID) []byte { o := want[id]; return order(o.UserID, o.Items...) }
+	epoch := take(t, w)
 
 	// Batch 1: a and b, new.
-	b1 := &sink.Batch{Topic: "orders", Partition: 0, Fence: -1, NextOffset: 2,
+	b1 := &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: -1, NextOffset: 2,
 		Events: events(0, []uuid.UUID{a, b}, [][]byte{val(a), val(b)})}
 	res, err := w.Write(ctx, b1)
 	if err != nil {
@@ -74,7 +85,7 @@ func TestWriteMixedBatch(t *testing.T) {
 	// Batch 2: a again (known to the cache), b again but with a cold cache
 	// on another writer below, c twice inside the batch, d new, and an
 	// event whose payload is not an order.
-	b2 := &sink.Batch{Topic: "orders", Partition: 0, Fence: 2, NextOffset: 7,
+	b2 := &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: 2, NextOffset: 7,
 		Events: events(2, []uuid.UUID{a, c, c, d, poison},
 			[][]byte{val(a), val(c), val(c), val(d), []byte(`{"user_id":"x"}`)})}
 	res, err = w.Write(ctx, b2)
@@ -106,7 +117,7 @@ func TestWriteMixedBatch(t *testing.T) {
 	// Batch 3, through a writer with no cache: b replayed must be stopped
 	// by Postgres alone.
 	cold := newWriter(t, pool, schema, nil)
-	b3 := &sink.Batch{Topic: "orders", Partition: 0, Fence: 7, NextOffset: 8,
+	b3 := &sink.Batch{Topic: "orders", Partition: 0, Epoch: take(t, cold), Fence: 7, NextOffset: 8,
 		Events: events(7, []uuid.UUID{b}, [][]byte{val(b)})}
 	res, err = cold.Write(ctx, b3)
 	if err != nil {
@@ -131,37 +142,46 @@ func TestWriteMixedBatch(t *testing.T) {
 	}
 }
 
+// A zombie is fenced by the new owner's Take alone: its batch rolls back
+// although the new owner has written nothing; a batch retried after its
+// COMMIT went through is recognised as committed.
 func TestWriteFencesZombie(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool, orders.Migrate)
 	ctx := t.Context()
-	owner := newWriter(t, pool, schema, nil)
 	zombie := newWriter(t, pool, schema, nil)
+	owner := newWriter(t, pool, schema, nil)
 
-	x, y := uuid.New(), uuid.New()
-	if _, err := owner.Write(ctx, &sink.Batch{Topic: "orders", Fence: -1, NextOffset: 1,
+	x, y, z := uuid.New(), uuid.New(), uuid.New()
+	zepoch := take(t, zombie)
+	if _, err := zombie.Write(ctx, &sink.Batch{Topic: "orders", Epoch: zepoch, Fence: -1, NextOffset: 1,
 		Events: events(0, []uuid.UUID{x}, [][]byte{order(1, "A")})}); err != nil {
 		t.Fatal(err)
 	}
-	// Both read stored offset 1. The new owner writes [1,3) first.
-	if _, err := owner.Write(ctx, &sink.Batch{Topic: "orders", Fence: 1, NextOffset: 3,
-		Events: events(1, []uuid.UUID{y, x}, [][]byte{order(2, "B"), order(1, "A")})}); err != nil {
-		t.Fatal(err)
-	}
-	// The zombie, resumed, writes the same range from its stale fence. It
-	// carries a new event too: it must not be applied either.
-	z := uuid.New()
-	_, err := zombie.Write(ctx, &sink.Batch{Topic: "orders", Fence: 1, NextOffset: 3,
+	oepoch := take(t, owner) // the partition moves; the owner has not written yet
+	_, err := zombie.Write(ctx, &sink.Batch{Topic: "orders", Epoch: zepoch, Fence: 1, NextOffset: 3,
 		Events: events(1, []uuid.UUID{y, z}, [][]byte{order(2, "B"), order(9, "Z")})})
 	var fenced *sink.FencedError
 	if !errors.As(err, &fenced) || !errors.Is(err, sink.ErrFenced) {
 		t.Fatalf("zombie write: err = %v, want a *FencedError", err)
 	}
-	if fenced.Fence != 1 || fenced.Partition != 0 {
-		t.Errorf("fenced error = %+v, want fence 1 partition 0", fenced)
+	if fenced.StoredEpoch != oepoch || fenced.StoredOffset != 1 || fenced.Committed() {
+		t.Errorf("fenced error = %+v, want stored epoch %d offset 1, not committed", fenced, oepoch)
 	}
-	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.processed_events WHERE event_id = $1`, z); n != 0 {
-		t.Errorf("zombie's new event has %d processed rows, want 0 (its transaction must roll back)", n)
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.processed_events WHERE event_id = ANY($1)`, []uuid.UUID{y, z}); n != 0 {
+		t.Errorf("zombie's events have %d processed rows, want 0 (its transaction must roll back)", n)
+	}
+
+	b := &sink.Batch{Topic: "orders", Epoch: oepoch, Fence: 1, NextOffset: 3,
+		Events: events(1, []uuid.UUID{y, x}, [][]byte{order(2, "B"), order(1, "A")})}
+	if _, err := owner.Write(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	// The owner retries the same batch, as after a COMMIT whose outcome
+	// it did not learn: fenced, and recognised as its own commit.
+	_, err = owner.Write(ctx, b)
+	if !errors.As(err, &fenced) || !fenced.Committed() {
+		t.Errorf("retry of a committed batch: err = %v, want a *FencedError with Committed()", err)
 	}
 	rep, err := orders.Check(ctx, pool, schema, map[uuid.UUID]orders.Order{
 		x: {UserID: 1, Items: []string{"A"}}, y: {UserID: 2, Items: []string{"B"}},
@@ -175,8 +195,9 @@ func TestWriteFencesZombie(t *testing.T) {
 }
 
 // commitBomb is a handler whose write makes the transaction's COMMIT fail
-// while armed: it inserts into a table guarded by a deferred constraint
-// trigger, which runs at COMMIT, after every handler has run.
+// while armed, with a serialization failure (a transient error): it
+// inserts into a table guarded by a deferred constraint trigger, which runs
+// at COMMIT, after every handler has run.
 type commitBomb struct{ table string }
 
 func (commitBomb) Name() string { return "commitBomb" }
@@ -197,7 +218,7 @@ func armCommitBomb(t *testing.T, pool *pgxpool.Pool, schema string) commitBomb {
 		`CREATE FUNCTION ` + schema + `.commit_bomb_fire() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF (SELECT armed FROM ` + schema + `.commit_bomb_armed) THEN
-    RAISE EXCEPTION 'commit bomb: COMMIT refused';
+    RAISE EXCEPTION 'commit bomb: COMMIT refused' USING ERRCODE = '40001';
   END IF;
   RETURN NULL;
 END $$`,
@@ -221,12 +242,13 @@ func TestCommitFailureLeavesCacheUntouched(t *testing.T) {
 
 	ids := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
 	vals := [][]byte{order(1, "A"), order(2, "B"), order(3, "A", "C")}
+	epoch := take(t, w)
 	batch := func() *sink.Batch {
-		return &sink.Batch{Topic: "orders", Fence: -1, NextOffset: 3, Events: events(0, ids, vals)}
+		return &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 3, Events: events(0, ids, vals)}
 	}
 	_, err := w.Write(ctx, batch())
-	if err == nil || sink.IsRetryable(err) {
-		t.Fatalf("write with the bomb armed: err = %v, want a non-retryable COMMIT error", err)
+	if err == nil || !sink.IsTransient(err) || !strings.Contains(err.Error(), "commit") {
+		t.Fatalf("write with the bomb armed: err = %v, want a transient COMMIT error", err)
 	}
 	for _, id := range ids {
 		for _, h := range append(orders.Names, "commitBomb") {
@@ -270,7 +292,7 @@ func TestNewValidates(t *testing.T) {
 	if err == nil {
 		t.Fatal("New accepted a config with no group and a duplicate handler")
 	}
-	for _, want := range []string{"group is required", `handler "emailHandler" registered twice`} {
+	for _, want := range []string{"Group is required", `handler "emailHandler" registered twice`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

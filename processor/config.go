@@ -1,0 +1,200 @@
+package processor
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// OutOfRange is what a Consumer does with a partition whose offset stored
+// in Postgres lies outside the partition's log.
+type OutOfRange string
+
+const (
+	// ResumeAtLogStart consumes the partition from its log start: below
+	// the start, the records in between were deleted by retention and
+	// cannot be read by anyone; beyond the end, the topic was recreated
+	// and its new records are read from the beginning (the dedup keeps
+	// events already applied from applying twice).
+	ResumeAtLogStart OutOfRange = "earliest"
+	// PauseOnOutOfRange leaves the partition paused until an operator
+	// rewinds or resets it (onceflow replay) and the member restarts.
+	PauseOnOutOfRange OutOfRange = "pause"
+)
+
+// Config configures a Consumer. Zero values take the defaults (Default…).
+type Config struct {
+	Brokers  []string // required
+	Topics   []string // required
+	Group    string   // required
+	ClientID string   // default "onceflow"
+
+	BatchMaxRecords int           // close a batch at this many records; default 1000, at most 100000
+	BatchMaxBytes   int           // or at this many value bytes; default 4 MiB
+	BatchLinger     time.Duration // or this long after its first record; default 50ms
+
+	Decode DecodeConfig // event id location and record size limit
+
+	// DeadLetterTopic receives a copy of every dead letter, with headers
+	// reason, topic, partition, offset and event_id, published
+	// asynchronously from the dead_letters table (the truth), at least
+	// once. A value the topic refuses is published without it, with a
+	// header value_omitted saying why. Empty: the table only.
+	DeadLetterTopic string
+
+	// CommitInterval is how often marked Kafka offsets are committed in the
+	// background; they are also committed on revoke and on shutdown.
+	// Default 1s. Postgres holds the true offset, so a lagging Kafka commit
+	// costs no replay.
+	CommitInterval time.Duration
+	// SessionTimeout and RebalanceTimeout are the group's; defaults 10s and 30s.
+	SessionTimeout   time.Duration
+	RebalanceTimeout time.Duration
+	// DrainTimeout bounds finishing in-flight batches on revoke or
+	// shutdown; what is not committed by then is aborted (rolled back).
+	// Default 10s; it must be shorter than RebalanceTimeout.
+	DrainTimeout time.Duration
+	// RetryBackoff is the first wait after a failed transaction, doubling
+	// up to MaxRetryBackoff; defaults 100ms and 5s. A partition retrying
+	// is paused; the others go on.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	// CallTimeout bounds every call to Postgres outside batch transactions
+	// (taking partitions, dead-letter bookkeeping) and every Kafka admin
+	// call; default 10s.
+	CallTimeout time.Duration
+	// ProduceTimeout bounds publishing dead letters to DeadLetterTopic;
+	// default 30s.
+	ProduceTimeout time.Duration
+	// OffsetOutOfRange says what happens to a partition whose stored offset
+	// is outside its log; default ResumeAtLogStart. Either way an error
+	// naming the topic, the partition and both offsets is logged and
+	// counted (Stats.OffsetsOutOfRange).
+	OffsetOutOfRange OutOfRange
+
+	Logger         *slog.Logger                  // nil discards
+	TracerProvider trace.TracerProvider          // nil disables tracing
+	Propagator     propagation.TextMapPropagator // reads producer span contexts; default W3C trace context
+
+	// OnBatch, if set, is called after each batch commits, from that
+	// partition's worker goroutine (so concurrently across partitions).
+	OnBatch func(BatchInfo)
+
+	// KafkaOptions are appended to the client's options (TLS, SASL, test
+	// tuning). Options that conflict with the consumer's own behaviour,
+	// such as auto-commit settings, must not be passed.
+	KafkaOptions []kgo.Opt
+}
+
+// Defaults of Config.
+const (
+	DefaultClientID         = "onceflow"
+	DefaultBatchMaxRecords  = 1000
+	DefaultBatchMaxBytes    = 4 << 20
+	DefaultBatchLinger      = 50 * time.Millisecond
+	DefaultCommitInterval   = time.Second
+	DefaultSessionTimeout   = 10 * time.Second
+	DefaultRebalanceTimeout = 30 * time.Second
+	DefaultDrainTimeout     = 10 * time.Second
+	DefaultRetryBackoff     = 100 * time.Millisecond
+	DefaultMaxRetryBackoff  = 5 * time.Second
+	DefaultCallTimeout      = 10 * time.Second
+	DefaultProduceTimeout   = 30 * time.Second
+	DefaultOffsetOutOfRange = ResumeAtLogStart
+	// MaxBatchRecords is the largest BatchMaxRecords accepted.
+	MaxBatchRecords = 100000
+)
+
+// withDefaults returns c with every zero value replaced by its default.
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID
+	}
+	if c.BatchMaxRecords == 0 {
+		c.BatchMaxRecords = DefaultBatchMaxRecords
+	}
+	if c.BatchMaxBytes == 0 {
+		c.BatchMaxBytes = DefaultBatchMaxBytes
+	}
+	def(&c.BatchLinger, DefaultBatchLinger)
+	def(&c.CommitInterval, DefaultCommitInterval)
+	def(&c.SessionTimeout, DefaultSessionTimeout)
+	def(&c.RebalanceTimeout, DefaultRebalanceTimeout)
+	def(&c.DrainTimeout, DefaultDrainTimeout)
+	def(&c.RetryBackoff, DefaultRetryBackoff)
+	def(&c.MaxRetryBackoff, DefaultMaxRetryBackoff)
+	def(&c.CallTimeout, DefaultCallTimeout)
+	def(&c.ProduceTimeout, DefaultProduceTimeout)
+	if c.OffsetOutOfRange == "" {
+		c.OffsetOutOfRange = DefaultOffsetOutOfRange
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.TraceContext{}
+	}
+	return c
+}
+
+// Validate returns every problem with c (after defaults), each naming its
+// field. New calls it; config.Validate reports the same problems by key.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var ps []error
+	bad := func(format string, args ...any) { ps = append(ps, fmt.Errorf("processor: "+format, args...)) }
+	if len(c.Brokers) == 0 {
+		bad("no Brokers")
+	}
+	if len(c.Topics) == 0 {
+		bad("no Topics")
+	}
+	if c.Group == "" {
+		bad("no consumer Group")
+	}
+	if c.BatchMaxRecords < 1 || c.BatchMaxRecords > MaxBatchRecords {
+		bad("BatchMaxRecords %d is not 1..%d", c.BatchMaxRecords, MaxBatchRecords)
+	}
+	if c.BatchMaxBytes < 1024 {
+		bad("BatchMaxBytes %d is below 1024", c.BatchMaxBytes)
+	}
+	positive := map[string]time.Duration{
+		"BatchLinger": c.BatchLinger, "CommitInterval": c.CommitInterval, "SessionTimeout": c.SessionTimeout,
+		"RebalanceTimeout": c.RebalanceTimeout, "DrainTimeout": c.DrainTimeout, "RetryBackoff": c.RetryBackoff,
+		"MaxRetryBackoff": c.MaxRetryBackoff, "CallTimeout": c.CallTimeout, "ProduceTimeout": c.ProduceTimeout,
+	}
+	for _, name := range []string{"BatchLinger", "CommitInterval", "SessionTimeout", "RebalanceTimeout", "DrainTimeout",
+		"RetryBackoff", "MaxRetryBackoff", "CallTimeout", "ProduceTimeout"} {
+		if positive[name] < 0 {
+			bad("%s %v is negative", name, positive[name])
+		}
+	}
+	if c.BatchLinger > time.Minute {
+		bad("BatchLinger %v is over 1m", c.BatchLinger)
+	}
+	if c.DrainTimeout >= c.RebalanceTimeout {
+		bad("DrainTimeout %v must be shorter than RebalanceTimeout %v (a revoke must finish within the rebalance)", c.DrainTimeout, c.RebalanceTimeout)
+	}
+	if c.MaxRetryBackoff < c.RetryBackoff {
+		bad("MaxRetryBackoff %v is shorter than RetryBackoff %v", c.MaxRetryBackoff, c.RetryBackoff)
+	}
+	for _, t := range c.Topics {
+		if t == c.DeadLetterTopic {
+			bad("DeadLetterTopic %q is also a consumed topic", t)
+		}
+	}
+	if c.OffsetOutOfRange != ResumeAtLogStart && c.OffsetOutOfRange != PauseOnOutOfRange {
+		bad("OffsetOutOfRange %q is not %q or %q", c.OffsetOutOfRange, ResumeAtLogStart, PauseOnOutOfRange)
+	}
+	if c.Decode.MaxBytes < 0 {
+		bad("Decode.MaxBytes %d is negative", c.Decode.MaxBytes)
+	}
+	return errors.Join(ps...)
+}

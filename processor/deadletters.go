@@ -1,0 +1,139 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/sink"
+)
+
+// Dead-letter topic headers.
+const (
+	HeaderReason       = "reason"
+	HeaderTopic        = "topic"
+	HeaderPartition    = "partition"
+	HeaderOffset       = "offset"
+	HeaderValueOmitted = "value_omitted"
+)
+
+const (
+	deadLetterBatch = 100             // dead letters published per round
+	deadLetterIdle  = 2 * time.Second // wait when none is pending
+)
+
+// publishDeadLetters copies dead letters from the dead_letters table (the
+// truth, written in each batch's transaction) to the dead-letter topic,
+// until ctx ends. It is asynchronous and at least once: a row is marked
+// published only after the broker acknowledged its copy, and a row whose
+// lease runs out unmarked is published again. A broker that is down or
+// refuses a copy delays only the copies; no partition waits for them.
+func (c *Consumer) publishDeadLetters(ctx context.Context, cl *kgo.Client) {
+	backoff := c.cfg.RetryBackoff
+	for {
+		n, err := c.publishDeadLettersOnce(ctx, cl)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := deadLetterIdle
+		switch {
+		case err != nil:
+			c.log.Warn("publish dead letters; retrying", "dead_letter_topic", c.cfg.DeadLetterTopic, "err", err, "backoff", backoff)
+			wait = backoff
+			backoff = min(2*backoff, c.cfg.MaxRetryBackoff)
+		case n == deadLetterBatch:
+			wait = 0
+			backoff = c.cfg.RetryBackoff
+		default:
+			backoff = c.cfg.RetryBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.dlWake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// publishDeadLettersOnce publishes one round of pending dead letters and
+// returns how many it leased.
+func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (int, error) {
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	pending, err := c.writer.LeaseDeadLetters(lctx, deadLetterBatch, 2*c.cfg.ProduceTimeout+c.cfg.CallTimeout)
+	cancel()
+	if err != nil || len(pending) == 0 {
+		return 0, err
+	}
+	recs := make([]*kgo.Record, len(pending))
+	for i, d := range pending {
+		recs[i] = c.deadLetterRecord(d.DeadLetter, true)
+	}
+	pctx, cancel := context.WithTimeout(ctx, c.cfg.ProduceTimeout)
+	results := cl.ProduceSync(pctx, recs...)
+	cancel()
+	var ids []int64
+	var notes []string
+	var failed error
+	for i, r := range results {
+		d := pending[i]
+		switch {
+		case r.Err == nil:
+			ids, notes = append(ids, d.ID), append(notes, "")
+		case tooLarge(r.Err):
+			note := fmt.Sprintf("published without its value: %d bytes are too large for the dead-letter topic "+
+				"(the topic's max.message.bytes, or the producer's maximum record batch, franz-go's ProducerBatchMaxBytes, 1000012 bytes by default): %v",
+				len(d.Value), r.Err)
+			rec := c.deadLetterRecord(d.DeadLetter, false)
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderValueOmitted, Value: []byte(note)})
+			pctx, cancel := context.WithTimeout(ctx, c.cfg.ProduceTimeout)
+			err := cl.ProduceSync(pctx, rec).FirstErr()
+			cancel()
+			if err != nil {
+				failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d without its value: %w", d.Topic, d.Partition, d.Offset, err))
+				continue
+			}
+			c.log.Warn("dead letter published without its value", "topic", d.Topic, "partition", d.Partition,
+				"offset", d.Offset, "dead_letter_topic", c.cfg.DeadLetterTopic, "value_bytes", len(d.Value), "err", r.Err)
+			ids, notes = append(ids, d.ID), append(notes, note)
+		default:
+			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, r.Err))
+		}
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.writer.MarkDeadLettersPublished(mctx, ids, notes); err != nil {
+		return len(pending), errors.Join(failed, err)
+	}
+	c.stats.published.Add(int64(len(ids)))
+	return len(pending), failed
+}
+
+// deadLetterRecord is the dead-letter topic's copy of d.
+func (c *Consumer) deadLetterRecord(d sink.DeadLetter, withValue bool) *kgo.Record {
+	r := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: d.Key, Headers: []kgo.RecordHeader{
+		{Key: HeaderReason, Value: []byte(d.Reason)},
+		{Key: HeaderTopic, Value: []byte(d.Topic)},
+		{Key: HeaderPartition, Value: []byte(strconv.Itoa(int(d.Partition)))},
+		{Key: HeaderOffset, Value: []byte(strconv.FormatInt(d.Offset, 10))},
+	}}
+	if withValue {
+		r.Value = d.Value
+	}
+	if d.EventID.Valid {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderEventID, Value: []byte(d.EventID.UUID.String())})
+	}
+	return r
+}
+
+// tooLarge reports whether a produce failed because the record is too
+// large for the producer or the topic.
+func tooLarge(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord)
+}

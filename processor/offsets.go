@@ -1,0 +1,94 @@
+package processor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/sink"
+)
+
+// logBounds is a partition's log: [start, end) where end is the high
+// watermark. known is false when the brokers could not be asked.
+type logBounds struct {
+	start, end int64
+	known      bool
+}
+
+// logBounds returns the log bounds of the partitions of topic that have a
+// stored offset, to check the offsets against. Brokers that do not answer
+// within a few attempts leave the bounds unknown (and the check undone),
+// with a warning.
+func (c *Consumer) logBounds(ctx context.Context, topic string, leases map[int32]sink.Lease) map[int32]logBounds {
+	out := map[int32]logBounds{}
+	stored := false
+	for _, l := range leases {
+		stored = stored || l.NextOffset >= 0
+	}
+	if !stored {
+		return out
+	}
+	adm := kadm.NewClient(c.cl)
+	var err error
+	for attempt := range 3 {
+		var starts, ends kadm.ListedOffsets
+		lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		starts, err = adm.ListStartOffsets(lctx, topic)
+		if err == nil {
+			ends, err = adm.ListEndOffsets(lctx, topic)
+		}
+		cancel()
+		if err == nil {
+			err = starts.Error()
+		}
+		if err == nil {
+			err = ends.Error()
+		}
+		if err == nil {
+			for p := range leases {
+				s, okS := starts.Lookup(topic, p)
+				e, okE := ends.Lookup(topic, p)
+				if okS && okE {
+					out[p] = logBounds{start: s.Offset, end: e.Offset, known: true}
+				}
+			}
+			return out
+		}
+		select {
+		case <-ctx.Done():
+			return out
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
+	c.log.Warn("list the partitions' log bounds; stored offsets are not checked against them", "topic", topic, "err", err)
+	return out
+}
+
+// restartOffset is where a partition taken again after a fence starts: the
+// offset stored in Postgres, else the group's committed offset in Kafka,
+// else the log start.
+func (c *Consumer) restartOffset(ctx context.Context, cl *kgo.Client, k tp, l sink.Lease) (int64, error) {
+	if l.NextOffset >= 0 {
+		return l.NextOffset, nil
+	}
+	adm := kadm.NewClient(cl)
+	committed, err := adm.FetchOffsetsForTopics(ctx, c.cfg.Group, k.topic)
+	if err != nil {
+		return 0, fmt.Errorf("fetch committed offsets: %w", err)
+	}
+	if o, ok := committed.Lookup(k.topic, k.partition); ok && o.Err == nil && o.At >= 0 {
+		return o.At, nil
+	}
+	starts, err := adm.ListStartOffsets(ctx, k.topic)
+	if err != nil {
+		return 0, fmt.Errorf("list start offsets: %w", err)
+	}
+	s, ok := starts.Lookup(k.topic, k.partition)
+	if !ok || s.Err != nil {
+		return 0, fmt.Errorf("no start offset for %s/%d", k.topic, k.partition)
+	}
+	return s.Offset, nil
+}

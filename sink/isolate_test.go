@@ -1,0 +1,223 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+func TestClassify(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("handler h: %w", &pgconn.PgError{Code: code, Message: "m"}) }
+	for _, tc := range []struct {
+		name string
+		err  error
+		want sink.Class
+	}{
+		{"connection failure 08006", pg("08006"), sink.Transient},
+		{"admin shutdown 57P01", pg("57P01"), sink.Transient},
+		{"crash shutdown 57P02", pg("57P02"), sink.Transient},
+		{"cannot connect now 57P03", pg("57P03"), sink.Transient},
+		{"serialization failure 40001", pg("40001"), sink.Transient},
+		{"deadlock 40P01", pg("40P01"), sink.Transient},
+		{"lock timeout 55P03", pg("55P03"), sink.Transient},
+		{"statement timeout 57014", pg("57014"), sink.Transient},
+		{"disk full 53100", pg("53100"), sink.Transient},
+		{"too many connections 53300", pg("53300"), sink.Transient},
+		{"io error 58030", pg("58030"), sink.Transient},
+		{"read-only transaction 25006", pg("25006"), sink.Transient},
+		{"numeric out of range 22003", pg("22003"), sink.Data},
+		{"invalid text representation 22P02", pg("22P02"), sink.Data},
+		{"not null violation 23502", pg("23502"), sink.Data},
+		{"unique violation 23505", pg("23505"), sink.Data},
+		{"foreign key violation 23503", pg("23503"), sink.Data},
+		{"check violation 23514", pg("23514"), sink.Data},
+		{"index row too large 54000", pg("54000"), sink.Data},
+		{"cardinality violation 21000", pg("21000"), sink.Data},
+		{"raise exception P0001", pg("P0001"), sink.Data},
+		{"undefined table 42P01", pg("42P01"), sink.Unknown},
+		{"undefined column 42703", pg("42703"), sink.Unknown},
+		{"insufficient privilege 42501", pg("42501"), sink.Unknown},
+		{"internal error XX000", pg("XX000"), sink.Unknown},
+		{"reject", fmt.Errorf("handler h: %w", &sink.RejectError{EventID: uuid.New(), Reason: "bad"}), sink.Data},
+		{"fenced", fmt.Errorf("x: %w", &sink.FencedError{}), sink.Fenced},
+		{"canceled", fmt.Errorf("x: %w", context.Canceled), sink.Canceled},
+		{"deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), sink.Transient},
+		{"unexpected EOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), sink.Transient},
+		{"network", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, sink.Transient},
+		{"connect error", &pgconn.ConnectError{}, sink.Transient},
+		{"handler's own error", errors.New("template not found"), sink.Unknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sink.Classify(tc.err); got != tc.want {
+				t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// randomText returns n random letters: text no compression makes small.
+func randomText(n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 'a' + byte(rand.IntN(26))
+	}
+	return string(b)
+}
+
+// counting counts the events each Apply call receives.
+type counting struct {
+	calls int
+}
+
+func (*counting) Name() string { return "counting" }
+
+func (c *counting) Apply(context.Context, pgx.Tx, []sink.Event) error {
+	c.calls++
+	return nil
+}
+
+// A batch holding an event that fails in Postgres (an item too long for
+// the inventory index, SQLSTATE 54000) and one its handler rejects commits
+// every other event once; the two culprits are dead letters with their
+// reasons and apply nothing, for any handler.
+func TestWriteIsolatesDataErrors(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	ctx := t.Context()
+	probe := &counting{}
+	w := newWriter(t, pool, schema, nil, probe)
+	epoch := take(t, w)
+
+	const n = 64
+	var ids []uuid.UUID
+	var vals [][]byte
+	want := map[uuid.UUID]orders.Order{}
+	long, rejected := uuid.New(), uuid.New()
+	for i := range n {
+		switch i {
+		case 17:
+			ids, vals = append(ids, long), append(vals, order(5, randomText(10000)))
+		case 40:
+			ids, vals = append(ids, rejected), append(vals, []byte(`{"user_id":"five","items":["A"]}`))
+		default:
+			id := uuid.New()
+			o := orders.Order{UserID: int64(i + 1), Items: []string{"A", fmt.Sprintf("SKU-%d", i%5)}}
+			ids, vals = append(ids, id), append(vals, order(o.UserID, o.Items...))
+			want[id] = o
+		}
+	}
+	res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: n, Events: events(0, ids, vals)})
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if res.Attempts != 2 || len(res.Rejected) != 2 || res.Applied != (n-2)*5 {
+		t.Errorf("result: attempts %d, dead-lettered %d, applied %d; want 2, 2, %d", res.Attempts, len(res.Rejected), res.Applied, (n-2)*5)
+	}
+	reasons := map[uuid.UUID]string{}
+	for _, d := range res.Rejected {
+		reasons[d.EventID.UUID] = d.Reason
+	}
+	if !strings.Contains(reasons[long], "SQLSTATE 54000") || !strings.Contains(reasons[long], "inventoryHandler") {
+		t.Errorf("reason for the long item = %q, want the handler and SQLSTATE 54000", reasons[long])
+	}
+	if !strings.HasPrefix(reasons[rejected], "rejected: not an order") {
+		t.Errorf("reason for the rejected order = %q", reasons[rejected])
+	}
+	// Isolation costs O(k log n) handler calls, not n.
+	if probe.calls > 2+2*2*7 {
+		t.Errorf("the probe handler was called %d times to isolate 2 events among %d", probe.calls, n)
+	}
+	rep, err := orders.Check(ctx, pool, schema, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+	for _, id := range []uuid.UUID{long, rejected} {
+		if c := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.processed_events WHERE event_id = $1`, id); c != 0 {
+			t.Errorf("culprit %s has %d processed rows, want 0", id, c)
+		}
+		if c := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1`, id); c != 1 {
+			t.Errorf("culprit %s has %d dead letters, want 1", id, c)
+		}
+	}
+	if c := sinktest.Count(t, pool, `SELECT next_offset FROM `+schema+`.sink_offsets WHERE partition = 0`); c != n {
+		t.Errorf("stored offset = %d, want %d", c, n)
+	}
+}
+
+// refHandler writes one row per event into a table whose foreign key is
+// checked at COMMIT (deferred): an event naming an unknown user violates it
+// only then.
+type refHandler struct{ table string }
+
+func (refHandler) Name() string { return "refHandler" }
+
+func (h refHandler) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	users := make([]int64, len(events))
+	for i, e := range events {
+		o, err := orders.Parse(e.Value)
+		if err != nil {
+			return &sink.RejectError{EventID: e.ID, Reason: err.Error()}
+		}
+		users[i] = o.UserID
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+h.table+` (user_id) SELECT * FROM unnest($1::bigint[])`, users)
+	return err
+}
+
+// A deferred constraint that fails at COMMIT because of one event is
+// attributed to that event: it becomes a dead letter (SQLSTATE 23503) and
+// the rest of the batch commits.
+func TestWriteIsolatesDeferredConstraint(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	ctx := t.Context()
+	for _, sql := range []string{
+		`CREATE TABLE ` + schema + `.users (id bigint PRIMARY KEY)`,
+		`INSERT INTO ` + schema + `.users SELECT generate_series(1, 100)`,
+		`CREATE TABLE ` + schema + `.refs (user_id bigint REFERENCES ` + schema + `.users (id) DEFERRABLE INITIALLY DEFERRED)`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: []sink.Handler{refHandler{schema + ".refs"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := take(t, w)
+	var ids []uuid.UUID
+	var vals [][]byte
+	for i := range 10 {
+		user := int64(i + 1)
+		if i == 6 {
+			user = 1000 // no such user
+		}
+		ids, vals = append(ids, uuid.New()), append(vals, order(user, "A"))
+	}
+	res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 10, Events: events(0, ids, vals)})
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if len(res.Rejected) != 1 || res.Rejected[0].EventID.UUID != ids[6] || !strings.Contains(res.Rejected[0].Reason, "SQLSTATE 23503") {
+		t.Fatalf("dead-lettered %+v, want event 6 with SQLSTATE 23503", res.Rejected)
+	}
+	if c := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.refs`); c != 9 {
+		t.Errorf("refs rows = %d, want 9", c)
+	}
+}
