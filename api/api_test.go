@@ -63,9 +63,9 @@ func newSeed(t *testing.T) *seed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mux := api.NewMux(pool, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux := api.NewMux(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "onceflow_up 1\n")
-	}))
+	}), api.PostgresCheck(pool))
 	s.Register(mux)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -190,7 +190,11 @@ func TestAuditShowsEveryStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Fence: -1, NextOffset: 1,
+	leases, err := w.Take(t.Context(), "orders", []int32{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: leases[0].Epoch, Fence: -1, NextOffset: 1,
 		Events: []sink.Event{{ID: id, Value: []byte(order), Topic: "orders"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -261,15 +265,17 @@ func TestHealthReadinessMetrics(t *testing.T) {
 	}
 	defer dead.Close()
 	rec := httptest.NewRecorder()
-	api.NewMux(dead, nil).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
-	if rec.Code != 503 {
-		t.Errorf("/readyz without Postgres: %d %s, want 503", rec.Code, rec.Body)
+	kafka := api.Check{Name: "kafka", Ready: func(context.Context) error { return errors.New("brokers [b:9092] do not answer") }}
+	api.NewMux(nil, api.PostgresCheck(dead), kafka).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), `"postgres":"postgres does not answer`) ||
+		!strings.Contains(rec.Body.String(), `"kafka":"brokers [b:9092] do not answer"`) {
+		t.Errorf("/readyz without Postgres and Kafka: %d %s, want 503 naming both and why", rec.Code, rec.Body)
 	}
 }
 
 // Start serves until Stop, which returns once the server has stopped.
 func TestServerStartStop(t *testing.T) {
-	srv, err := api.Start("127.0.0.1:0", api.NewMux(sinktest.Pool(t), nil))
+	srv, err := api.Start("127.0.0.1:0", api.NewMux(nil, api.PostgresCheck(sinktest.Pool(t))))
 	if err != nil {
 		t.Fatal(err)
 	}

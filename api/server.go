@@ -11,9 +11,27 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// NewMux returns a mux serving /healthz (the process is up), /readyz
-// (Postgres answers within 2s) and, when metrics is not nil, /metrics.
-func NewMux(pool *pgxpool.Pool, metrics http.Handler) *http.ServeMux {
+// Check is one readiness condition: Ready returns nil when it holds, else
+// why not. It is called with a 2s deadline.
+type Check struct {
+	Name  string
+	Ready func(context.Context) error
+}
+
+// PostgresCheck is ready when pool answers a ping.
+func PostgresCheck(pool *pgxpool.Pool) Check {
+	return Check{Name: "postgres", Ready: func(ctx context.Context) error {
+		if err := pool.Ping(ctx); err != nil {
+			return fmt.Errorf("postgres does not answer: %w", err)
+		}
+		return nil
+	}}
+}
+
+// NewMux returns a mux serving /healthz (the process is up), /readyz (200
+// when every check is ready, else 503 naming each check that is not, with
+// its reason) and, when metrics is not nil, /metrics.
+func NewMux(metrics http.Handler, checks ...Check) *http.ServeMux {
 	mux := http.NewServeMux()
 	if metrics != nil {
 		mux.Handle("GET /metrics", metrics)
@@ -24,8 +42,14 @@ func NewMux(pool *pgxpool.Pool, metrics http.Handler) *http.ServeMux {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := pool.Ping(ctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "postgres does not answer"})
+		waiting := map[string]string{}
+		for _, c := range checks {
+			if err := c.Ready(ctx); err != nil {
+				waiting[c.Name] = err.Error()
+			}
+		}
+		if len(waiting) > 0 {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "waiting_for": waiting})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

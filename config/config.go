@@ -16,6 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // EnvPrefix prefixes every environment variable: kafka.brokers is
@@ -33,6 +36,9 @@ type Config struct {
 	Bus      string   `mapstructure:"bus"`
 	Log      Log      `mapstructure:"log"`
 	HTTP     HTTP     `mapstructure:"http"`
+	// DrainTimeout bounds finishing in-flight batches on SIGTERM or a
+	// revoke; what is left is then aborted (rolled back).
+	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
 }
 
 // Kafka is the consumer side.
@@ -45,6 +51,8 @@ type Kafka struct {
 	SessionTimeout   time.Duration `mapstructure:"session_timeout"`
 	RebalanceTimeout time.Duration `mapstructure:"rebalance_timeout"`
 	CommitInterval   time.Duration `mapstructure:"commit_interval"`
+	ProduceTimeout   time.Duration `mapstructure:"produce_timeout"`
+	OffsetOutOfRange string        `mapstructure:"offset_out_of_range"`
 }
 
 // Batch says when a partition's batch closes.
@@ -52,6 +60,10 @@ type Batch struct {
 	MaxRecords int           `mapstructure:"max_records"`
 	MaxBytes   int           `mapstructure:"max_bytes"`
 	Linger     time.Duration `mapstructure:"linger"`
+	// RetryBackoff is the first wait before a failed batch is retried,
+	// doubling up to MaxRetryBackoff.
+	RetryBackoff    time.Duration `mapstructure:"retry_backoff"`
+	MaxRetryBackoff time.Duration `mapstructure:"max_retry_backoff"`
 }
 
 // Decode says where the event id is and how large a record may be.
@@ -66,6 +78,8 @@ type Postgres struct {
 	Schema    string        `mapstructure:"schema"`
 	PoolSize  int           `mapstructure:"pool_size"`
 	TxTimeout time.Duration `mapstructure:"tx_timeout"`
+	// CallTimeout bounds every Postgres call outside batch transactions.
+	CallTimeout time.Duration `mapstructure:"call_timeout"`
 }
 
 // Dedup sizes the LRU fast path.
@@ -89,29 +103,35 @@ const DefaultDSN = "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode
 
 // defaults has a value for every key; it is also the list of known keys.
 var defaults = map[string]any{
-	"kafka.brokers":           []string{"127.0.0.1:9092"},
-	"kafka.topics":            []string{"orders"},
-	"kafka.group":             "onceflow",
-	"kafka.client_id":         "onceflow",
-	"kafka.dead_letter_topic": "orders.dlq",
-	"kafka.session_timeout":   10 * time.Second,
-	"kafka.rebalance_timeout": 30 * time.Second,
-	"kafka.commit_interval":   time.Second,
-	"batch.max_records":       1000,
-	"batch.max_bytes":         4 << 20,
-	"batch.linger":            50 * time.Millisecond,
-	"decode.event_id_field":   "",
-	"decode.max_record_bytes": 1 << 20,
-	"postgres.dsn":            DefaultDSN,
-	"postgres.schema":         "public",
-	"postgres.pool_size":      4,
-	"postgres.tx_timeout":     30 * time.Second,
-	"dedup.lru_size":          100000,
-	"handlers":                []string{}, // the program's Default: every Go handler it registers
-	"bus":                     "kafka",
-	"log.level":               "info",
-	"log.format":              "text",
-	"http.addr":               "127.0.0.1:8080",
+	"kafka.brokers":             []string{"127.0.0.1:9092"},
+	"kafka.topics":              []string{"orders"},
+	"kafka.group":               "onceflow",
+	"kafka.client_id":           processor.DefaultClientID,
+	"kafka.dead_letter_topic":   "orders.dlq",
+	"kafka.session_timeout":     processor.DefaultSessionTimeout,
+	"kafka.rebalance_timeout":   processor.DefaultRebalanceTimeout,
+	"kafka.commit_interval":     processor.DefaultCommitInterval,
+	"kafka.produce_timeout":     processor.DefaultProduceTimeout,
+	"kafka.offset_out_of_range": string(processor.DefaultOffsetOutOfRange),
+	"batch.max_records":         processor.DefaultBatchMaxRecords,
+	"batch.max_bytes":           processor.DefaultBatchMaxBytes,
+	"batch.linger":              processor.DefaultBatchLinger,
+	"batch.retry_backoff":       processor.DefaultRetryBackoff,
+	"batch.max_retry_backoff":   processor.DefaultMaxRetryBackoff,
+	"drain_timeout":             processor.DefaultDrainTimeout,
+	"decode.event_id_field":     "",
+	"decode.max_record_bytes":   1 << 20,
+	"postgres.dsn":              DefaultDSN,
+	"postgres.schema":           sink.DefaultSchema,
+	"postgres.pool_size":        4,
+	"postgres.tx_timeout":       sink.DefaultTxTimeout,
+	"postgres.call_timeout":     processor.DefaultCallTimeout,
+	"dedup.lru_size":            100000,
+	"handlers":                  []string{}, // the program's Default: every Go handler it registers
+	"bus":                       "kafka",
+	"log.level":                 "info",
+	"log.format":                "text",
+	"http.addr":                 "127.0.0.1:8080",
 }
 
 // Keys returns every configuration key, sorted.
@@ -279,14 +299,30 @@ func (c Config) Validate() error {
 	if c.Kafka.CommitInterval <= 0 {
 		bad("kafka.commit_interval", "must be positive, got %v", c.Kafka.CommitInterval)
 	}
-	if c.Batch.MaxRecords < 1 || c.Batch.MaxRecords > 100000 {
-		bad("batch.max_records", "must be 1..100000, got %d", c.Batch.MaxRecords)
+	if c.Kafka.ProduceTimeout <= 0 {
+		bad("kafka.produce_timeout", "must be positive, got %v", c.Kafka.ProduceTimeout)
+	}
+	if o := processor.OutOfRange(c.Kafka.OffsetOutOfRange); o != processor.ResumeAtLogStart && o != processor.PauseOnOutOfRange {
+		bad("kafka.offset_out_of_range", "%q is not %s or %s", c.Kafka.OffsetOutOfRange, processor.ResumeAtLogStart, processor.PauseOnOutOfRange)
+	}
+	if c.DrainTimeout <= 0 || c.DrainTimeout >= c.Kafka.RebalanceTimeout {
+		bad("drain_timeout", "must be positive and shorter than kafka.rebalance_timeout %v (a revoke must finish within the rebalance), got %v",
+			c.Kafka.RebalanceTimeout, c.DrainTimeout)
+	}
+	if c.Batch.MaxRecords < 1 || c.Batch.MaxRecords > processor.MaxBatchRecords {
+		bad("batch.max_records", "must be 1..%d, got %d", processor.MaxBatchRecords, c.Batch.MaxRecords)
 	}
 	if c.Batch.MaxBytes < 1024 {
 		bad("batch.max_bytes", "must be at least 1024, got %d", c.Batch.MaxBytes)
 	}
 	if c.Batch.Linger < 0 || c.Batch.Linger > time.Minute {
 		bad("batch.linger", "must be 0..1m, got %v", c.Batch.Linger)
+	}
+	if c.Batch.RetryBackoff <= 0 {
+		bad("batch.retry_backoff", "must be positive, got %v", c.Batch.RetryBackoff)
+	}
+	if c.Batch.MaxRetryBackoff < c.Batch.RetryBackoff {
+		bad("batch.max_retry_backoff", "%v is shorter than batch.retry_backoff %v", c.Batch.MaxRetryBackoff, c.Batch.RetryBackoff)
 	}
 	if c.Decode.MaxRecordBytes < 1 {
 		bad("decode.max_record_bytes", "must be positive, got %d", c.Decode.MaxRecordBytes)
@@ -302,6 +338,9 @@ func (c Config) Validate() error {
 	}
 	if c.Postgres.TxTimeout <= 0 {
 		bad("postgres.tx_timeout", "must be positive, got %v", c.Postgres.TxTimeout)
+	}
+	if c.Postgres.CallTimeout <= 0 {
+		bad("postgres.call_timeout", "must be positive, got %v", c.Postgres.CallTimeout)
 	}
 	if c.Dedup.LRUSize < 0 {
 		bad("dedup.lru_size", "must be >= 0 (0 disables the cache), got %d", c.Dedup.LRUSize)

@@ -69,7 +69,10 @@ var (
 	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
 	descBatches   = prometheus.NewDesc("onceflow_batches_total", "Batches committed.", nil, nil)
 	descRetries   = prometheus.NewDesc("onceflow_transaction_retries_total", "Batch transactions retried after an error.", nil, nil)
-	descFenced    = prometheus.NewDesc("onceflow_batches_fenced_total", "Batches rolled back by the sink_offsets fence.", nil, nil)
+	descFenced    = prometheus.NewDesc("onceflow_batches_fenced_total", "Batches rolled back by the sink_offsets fence (the worker then stopped).", nil, nil)
+	descPublished = prometheus.NewDesc("onceflow_dead_letters_published_total", "Dead letters copied from the dead_letters table to the dead-letter topic.", nil, nil)
+	descRange     = prometheus.NewDesc("onceflow_offsets_out_of_range_total", "Offsets stored in Postgres found outside their partition's log.", nil, nil)
+	descRetrying  = prometheus.NewDesc("onceflow_partitions_retrying", "Partitions whose batch is waiting to be retried after an error.", nil, nil)
 	descRebalance = prometheus.NewDesc("onceflow_rebalance_partitions_total", "Partitions assigned, revoked or lost.", []string{"kind"}, nil)
 	descWorkers   = prometheus.NewDesc("onceflow_partition_workers", "Partition workers running.", nil, nil)
 	descLag       = prometheus.NewDesc("onceflow_partition_lag", "Records between a partition's high watermark and its next offset.", []string{"topic", "partition"}, nil)
@@ -81,7 +84,7 @@ var (
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRecords, descApplied, descSkipped, descDead, descBatches, descRetries,
-		descFenced, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
+		descFenced, descPublished, descRange, descRetrying, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
 		ch <- d
 	}
 }
@@ -114,6 +117,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(descBatches, t.Batches)
 	counter(descRetries, t.Retries)
 	counter(descFenced, t.Fenced)
+	counter(descPublished, t.DeadLettersPublished)
+	counter(descRange, t.OffsetsOutOfRange)
+	gauge(descRetrying, float64(t.Retrying))
 	counter(descRebalance, t.Assigned, "assigned")
 	counter(descRebalance, t.Revoked, "revoked")
 	counter(descRebalance, t.Lost, "lost")

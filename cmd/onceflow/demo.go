@@ -96,7 +96,7 @@ func (a *app) demo(ctx context.Context, o demo.Options, serveMetrics bool, progr
 	}
 	m := metrics.New()
 	if serveMetrics {
-		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(pool, m.Handler()))
+		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool)))
 		if err != nil {
 			return demo.Summary{}, err
 		}

@@ -35,19 +35,37 @@ committing; Postgres keeps what committed, and the next owner resumes there.`,
 	}
 }
 
+// run is the service: it serves /healthz, /readyz and /metrics at once,
+// waits for Postgres (then migrates) and for the brokers as long as it
+// takes, saying what it waits for, and consumes until ctx ends. It returns
+// early only on configuration errors.
 func (a *app) run(ctx context.Context) (err error) {
 	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
 		return err
 	}
 	defer flushTracing(ctx, shutdownTracing)
-	pool, err := a.openPool(ctx, a.cfg.Postgres.PoolSize)
+	pool, err := a.newPool(a.cfg.Postgres.PoolSize)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
-		return err
+	m := metrics.New()
+	var kafka consumerCheck
+	if a.cfg.HTTP.Addr != "" {
+		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka.check()))
+		if err != nil {
+			return err
+		}
+		a.log.Info("http listening", "addr", srv.Addr())
+		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
+	}
+	if err := a.whenPostgres(ctx, "connect", pool.Ping); err != nil {
+		return ignoreCanceled(ctx, err)
+	}
+	migrateAll := func(ctx context.Context) error { return migrate(ctx, pool, a.cfg.Postgres.Schema) }
+	if err := a.whenPostgres(ctx, "migrate", migrateAll); err != nil {
+		return ignoreCanceled(ctx, err)
 	}
 	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
 	if err != nil {
@@ -57,23 +75,23 @@ func (a *app) run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	m := metrics.New()
 	c, err := processor.New(a.consumerConfig(a.cfg.Kafka.Brokers, a.cfg.Kafka.ClientID, a.tp, m), w)
 	if err != nil {
 		return err
 	}
 	m.Add(c, cache)
-	if a.cfg.HTTP.Addr != "" {
-		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(pool, m.Handler()))
-		if err != nil {
-			return err
-		}
-		a.log.Info("http listening", "addr", srv.Addr())
-		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
-	}
+	kafka.c.Store(c)
 	stop := abortOnSecondSignal(ctx, a.log, c.Abort)
 	defer stop()
 	return c.Run(ctx)
+}
+
+// ignoreCanceled is nil when ctx ended (a signal while waiting), else err.
+func ignoreCanceled(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // stopServer stops srv within 5s, also when ctx has ended.

@@ -112,7 +112,7 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 	if err != nil {
 		return nil, err
 	}
-	mux, err := a.seedMux(pool, relay, m)
+	mux, err := a.seedMux(pool, relay, m, consumer)
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +179,7 @@ func (a *app) serveRelay(pool *pgxpool.Pool, brokers []string, done *cleanup) (*
 }
 
 // seedMux serves the seed's API, health and metrics.
-func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metrics) (*http.ServeMux, error) {
+func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metrics, c *processor.Consumer) (*http.ServeMux, error) {
 	store, err := a.outboxStore(pool)
 	if err != nil {
 		return nil, err
@@ -189,7 +189,8 @@ func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metric
 	if err != nil {
 		return nil, err
 	}
-	mux := api.NewMux(pool, m.Handler())
+	kafka := api.Check{Name: "kafka", Ready: func(context.Context) error { return c.Ready() }}
+	mux := api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka)
 	seed.Register(mux)
 	return mux, nil
 }

@@ -38,7 +38,10 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 		Decode:          processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
 		DeadLetterTopic: k.DeadLetterTopic,
 		CommitInterval:  k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
-		Logger: a.log, TracerProvider: tp, OnBatch: m.OnBatch,
+		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
+		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
+		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
+		Logger:           a.log, TracerProvider: tp, OnBatch: m.OnBatch,
 		KafkaOptions: a.kafkaTracing(name),
 	}
 }
