@@ -194,7 +194,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 		switch {
 		case err == nil:
 			ok = append(ok, rows[i].id)
-		case errors.Is(err, errStillProducing):
+		case errors.Is(err, wire.ErrStillProducing):
 			// Left leased: the client may still deliver it. Once the lease
 			// runs out it is published again, a duplicate the consumer
 			// side absorbs.
@@ -224,40 +224,9 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 	return len(rows), len(ok), nil
 }
 
-// errStillProducing is the outcome of a record the client had not
-// delivered when ProduceTimeout ran out.
-var errStillProducing = errors.New("still producing when the produce timeout ran out")
-
-// produce produces recs and returns each one's outcome, waiting at most
-// ProduceTimeout: a client that retries a record past it (an idempotent
-// producer does not fail a record whose request was sent) does not hold
-// the relay, and that record's outcome is errStillProducing.
+// produce produces recs, waiting at most ProduceTimeout; see wire.Produce.
 func (r *Relay) produce(ctx context.Context, recs []*kgo.Record) []error {
-	type result struct {
-		i   int
-		err error
-	}
-	// Buffered for every record, so that a promise the client calls after
-	// this has returned never blocks.
-	done := make(chan result, len(recs))
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProduceTimeout)
-	defer cancel()
-	for i, rec := range recs {
-		r.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- result{i, err} })
-	}
-	outcome := make([]error, len(recs))
-	for i := range outcome {
-		outcome[i] = errStillProducing
-	}
-	for range recs {
-		select {
-		case res := <-done:
-			outcome[res.i] = res.err
-		case <-ctx.Done():
-			return outcome
-		}
-	}
-	return outcome
+	return wire.Produce(ctx, r.cl, recs, r.cfg.ProduceTimeout)
 }
 
 // claim leases up to BatchSize pending rows, oldest first, in one

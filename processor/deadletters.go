@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // Dead-letter topic headers.
@@ -74,35 +75,30 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 	for i, d := range pending {
 		recs[i] = c.deadLetterRecord(d.DeadLetter, true)
 	}
-	pctx, cancel := context.WithTimeout(ctx, c.cfg.ProduceTimeout)
-	results := cl.ProduceSync(pctx, recs...)
-	cancel()
+	results := wire.Produce(ctx, cl, recs, c.cfg.ProduceTimeout)
 	var ids []int64
 	var notes []string
 	var failed error
-	for i, r := range results {
+	for i, perr := range results {
 		d := pending[i]
 		switch {
-		case r.Err == nil:
+		case perr == nil:
 			ids, notes = append(ids, d.ID), append(notes, "")
-		case tooLarge(r.Err):
+		case tooLarge(perr):
 			note := fmt.Sprintf("published without its value: %d bytes are too large for the dead-letter topic "+
 				"(the topic's max.message.bytes, or the producer's maximum record batch, franz-go's ProducerBatchMaxBytes, 1000012 bytes by default): %v",
-				len(d.Value), r.Err)
+				len(d.Value), perr)
 			rec := c.deadLetterRecord(d.DeadLetter, false)
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderValueOmitted, Value: []byte(note)})
-			pctx, cancel := context.WithTimeout(ctx, c.cfg.ProduceTimeout)
-			err := cl.ProduceSync(pctx, rec).FirstErr()
-			cancel()
-			if err != nil {
+			if err := wire.Produce(ctx, cl, []*kgo.Record{rec}, c.cfg.ProduceTimeout)[0]; err != nil {
 				failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d without its value: %w", d.Topic, d.Partition, d.Offset, err))
 				continue
 			}
 			c.log.Warn("dead letter published without its value", "topic", d.Topic, "partition", d.Partition,
-				"offset", d.Offset, "dead_letter_topic", c.cfg.DeadLetterTopic, "value_bytes", len(d.Value), "err", r.Err)
+				"offset", d.Offset, "dead_letter_topic", c.cfg.DeadLetterTopic, "value_bytes", len(d.Value), "err", perr)
 			ids, notes = append(ids, d.ID), append(notes, note)
 		default:
-			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, r.Err))
+			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		}
 	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CallTimeout)
