@@ -52,4 +52,3 @@ func TestGrepLogs(t *testing.T) {
 		t.Fatalf("partition 2 was never assigned, got %+v", own[2])
 	}
 }
-
