@@ -7,6 +7,7 @@
 #                                    onceflow role and database; prints the DSN
 #   infra/chaos-postgres.sh crash    restart -m immediate: the server dies without a
 #                                    checkpoint and recovers from WAL on the way up
+#   infra/chaos-postgres.sh kill     stop -m immediate and stay down (start recovers)
 #   infra/chaos-postgres.sh stop     stop the cluster (it stays created)
 #   infra/chaos-postgres.sh drop     stop and delete the cluster
 #   infra/chaos-postgres.sh dsn      print the DSN
@@ -43,6 +44,9 @@ start)
 crash)
   pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" restart -m immediate
   ;;
+kill)
+  pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" stop -m immediate
+  ;;
 stop)
   if exists; then pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" stop -m fast || true; fi
   ;;
@@ -53,7 +57,7 @@ dsn)
   PG_CLUSTER=$cluster PGPORT=$port "$here/postgres.sh" dsn
   ;;
 *)
-  echo "usage: infra/chaos-postgres.sh [start|crash|stop|drop|dsn]" >&2
+  echo "usage: infra/chaos-postgres.sh [start|crash|kill|stop|drop|dsn]" >&2
   exit 2
   ;;
 esac

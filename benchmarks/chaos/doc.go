@@ -76,8 +76,9 @@
 //	kill            SIGKILL a member; it restarts after 0–1.5s
 //	term            SIGTERM a member (it drains and leaves); a replacement starts at once
 //	stop            SIGSTOP a member for session timeout + 1–4s, then SIGCONT: a zombie
-//	pg-restart      pg_ctlcluster restart -m immediate: Postgres crashes and recovers
-//	broker-restart  kill -9 the broker, start it again after 0–3s
+//	pg-restart      Postgres crashes (-m immediate) and recovers: at once (restart), or
+//	                after 1–6s down while other faults go on
+//	broker-restart  kill -9 the broker, start it again after 0–3s (other faults go on)
 //	conn-cut        cut Postgres connections mid-transaction (a statement after
 //	                BEGIN never arrives), all at once, or pg_terminate_backend on
 //	                backends idle in transaction or running COMMIT

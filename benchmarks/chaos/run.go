@@ -49,10 +49,10 @@ type chaos struct {
 	tl      *timeline
 	t       tally
 
-	// A broker restart runs in the background while other faults go on;
-	// brokerUp is closed when the last one has finished.
-	brokerUp chan struct{}
-	bg       sync.WaitGroup
+	// A service restart runs in the background while other faults go on;
+	// brokerUp and pgUp are closed when the last one has finished.
+	brokerUp, pgUp chan struct{}
+	bg             sync.WaitGroup
 }
 
 func run(ctx context.Context, o options) (int, error) {
@@ -81,8 +81,9 @@ func run(ctx context.Context, o options) (int, error) {
 	defer tl.close()
 	fmt.Printf("chaos: seed=%d (replay with -seed %d)  run directory %s\n", o.seed, o.seed, dir)
 	c := &chaos{o: o, dir: dir, tl: tl, svc: &services{root: root, kafkaPort: o.kafkaPort, ctrlPort: o.ctrlPort,
-		kafkaDir: o.kafkaDir, pgPort: o.pgPort, workDir: dir}, brokerUp: make(chan struct{})}
+		kafkaDir: o.kafkaDir, pgPort: o.pgPort, workDir: dir}, brokerUp: make(chan struct{}), pgUp: make(chan struct{})}
 	close(c.brokerUp)
+	close(c.pgUp)
 
 	// Services and the binary, side by side.
 	var wg sync.WaitGroup
@@ -291,19 +292,34 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 			say("SIGCONT %s (pid %d): it wakes up a zombie", p.name, p.pid)
 		}
 	case faultPGRestart:
-		c.t.pgRestarts++
-		say("postgres restart -m immediate")
-		t0 := time.Now()
-		if err := c.svc.crashPostgres(ctx); err != nil {
-			say("postgres restart: %v", err)
+		if !waitUp(ctx, c.pgUp) {
 			return
 		}
-		say("postgres up again after %v", time.Since(t0).Round(time.Millisecond))
-	case faultBrokerRestart:
-		select {
-		case <-ctx.Done():
+		c.t.pgRestarts++
+		t0 := time.Now()
+		if f.Pause == 0 {
+			say("postgres restart -m immediate")
+			if err := c.svc.crashPostgres(ctx); err != nil {
+				say("postgres restart: %v", err)
+				return
+			}
+			say("postgres up again after %v", time.Since(t0).Round(time.Millisecond))
 			return
-		case <-c.brokerUp: // the previous restart has finished
+		}
+		say("postgres stop -m immediate; start it again in %v (other faults go on meanwhile)", f.Pause)
+		if err := c.svc.killPostgres(ctx); err != nil {
+			say("postgres stop: %v", err)
+		}
+		c.pgUp = c.later(ctx, f.Pause, func() error { return c.svc.startPostgres(ctx) }, func(err error) {
+			if err == nil {
+				say("postgres up again after %v", time.Since(t0).Round(time.Millisecond))
+			} else {
+				say("postgres start: %v", err)
+			}
+		})
+	case faultBrokerRestart:
+		if !waitUp(ctx, c.brokerUp) {
+			return
 		}
 		c.t.brokerRestarts++
 		say("kill -9 the broker; start it again in %v (other faults go on meanwhile)", f.Pause)
@@ -311,28 +327,13 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 		if err := c.svc.crashKafka(ctx); err != nil {
 			say("broker kill: %v", err)
 		}
-		up := make(chan struct{})
-		c.brokerUp = up
-		c.bg.Add(1)
-		go func() {
-			defer c.bg.Done()
-			defer close(up)
-			if !sleepCtx(ctx, f.Pause) {
-				return
+		c.brokerUp = c.later(ctx, f.Pause, func() error { return c.svc.startKafka(ctx) }, func(err error) {
+			if err == nil {
+				say("broker up again after %v", time.Since(t0).Round(time.Millisecond))
+			} else {
+				say("broker start: %v", err)
 			}
-			// A broker that does not come back ends nothing: try until it does.
-			for attempt := 1; ; attempt++ {
-				err := c.svc.startKafka(ctx)
-				if err == nil {
-					say("broker up again after %v", time.Since(t0).Round(time.Millisecond))
-					return
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				say("broker start, attempt %d: %v", attempt, err)
-			}
-		}()
+		})
 	case faultConnCut:
 		switch f.Variant {
 		case cutMidTx:
@@ -382,6 +383,42 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 			}
 			sleepCtx(ctx, 300*time.Millisecond)
 		}
+	}
+}
+
+// later starts a service again after pause, in the background, trying
+// until it answers (a service that does not come back ends nothing), and
+// reports each attempt. The returned channel is closed when it is done.
+func (c *chaos) later(ctx context.Context, pause time.Duration, start func() error, report func(error)) chan struct{} {
+	up := make(chan struct{})
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		defer close(up)
+		if !sleepCtx(ctx, pause) {
+			return
+		}
+		for {
+			err := start()
+			if ctx.Err() != nil {
+				return
+			}
+			report(err)
+			if err == nil {
+				return
+			}
+		}
+	}()
+	return up
+}
+
+// waitUp waits until a service restarted in the background is up.
+func waitUp(ctx context.Context, up chan struct{}) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-up:
+		return true
 	}
 }
 

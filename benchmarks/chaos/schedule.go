@@ -47,7 +47,7 @@ type fault struct {
 	At      time.Duration // since the faults began
 	Kind    faultKind
 	Target  int           // which running member: an index modulo their number, in start order
-	Pause   time.Duration // kill: until the restart; stop: how long stopped; broker-restart: down time; storm: how long the joiners stay
+	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay
 	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join
 	Variant string        // conn-cut: midtx, all or terminate; commit-cut: before or after
 	Skip    int           // midtx: client writes of the transaction let through before the cut
@@ -63,6 +63,12 @@ func (f fault) String() string {
 		fmt.Fprintf(&b, " member#%d, replacement at once", f.Target)
 	case faultStop:
 		fmt.Fprintf(&b, " member#%d for %v", f.Target, f.Pause)
+	case faultPGRestart:
+		if f.Pause == 0 {
+			b.WriteString(" restart -m immediate")
+		} else {
+			fmt.Fprintf(&b, " stop -m immediate, down for %v", f.Pause)
+		}
 	case faultBrokerRestart:
 		fmt.Fprintf(&b, " down for %v", f.Pause)
 	case faultConnCut:
@@ -149,6 +155,10 @@ func newSchedule(seed uint64, c scheduleConfig) []fault {
 			f.Pause = ms(0, 1500)
 		case faultStop:
 			f.Pause = c.SessionTimeout + ms(1000, 4000)
+		case faultPGRestart:
+			if rng.IntN(2) == 1 {
+				f.Pause = ms(1000, 6000) // down that long; 0: restart at once
+			}
 		case faultBrokerRestart:
 			f.Pause = ms(0, 3000)
 		case faultConnCut:

@@ -83,6 +83,12 @@ func (s *services) crashPostgres(ctx context.Context) error {
 	return err
 }
 
+// killPostgres stops Postgres with -m immediate and leaves it down.
+func (s *services) killPostgres(ctx context.Context) error {
+	_, err := s.script(ctx, "chaos-postgres.sh", "kill")
+	return err
+}
+
 func (s *services) stopPostgres(ctx context.Context) error {
 	_, err := s.script(ctx, "chaos-postgres.sh", "stop")
 	return err
