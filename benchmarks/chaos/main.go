@@ -74,7 +74,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the workload and of the fault schedule; 0: a new one, printed")
 	fs.BoolVar(&o.short, "short", false, "the short run of make chaos and CI (under 4 minutes): fewer events, a 75s fault window")
 	fs.DurationVar(&o.duration, "duration", 30*time.Minute, "how long faults are injected while the producer publishes")
-	fs.DurationVar(&o.gap, "gap", 6*time.Second, "mean time between two faults")
+	fs.DurationVar(&o.gap, "gap", 4*time.Second, "mean time between two faults")
 	fs.DurationVar(&o.settle, "settle", 3*time.Minute, "bound on the wait, after the faults stop, for every partition to reach its end")
 	fs.IntVar(&o.minKills, "min-kills", 250, "at least this many SIGKILLs of members (when kill is among -faults and the window has room)")
 	fs.IntVar(&o.events, "events", 500000, "unique good events (the seed's orders)")
