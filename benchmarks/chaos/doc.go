@@ -26,8 +26,8 @@
 //
 // # Members
 //
-// The binary is built once from ./cmd/onceflow (or taken from
-// -onceflow-bin, to judge another tree). Each member runs
+// The binary is built once per run from ./cmd/onceflow into -out (or
+// taken from -onceflow-bin, to judge another tree). Each member runs
 // `onceflow run --config <run>/members/<name>.yaml` with its own
 // http.addr, client id and Postgres application_name (chaos-<name>), its
 // log in <run>/logs/<name>.log. A member is named slot.incarnation: m2.3

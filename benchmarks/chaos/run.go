@@ -89,9 +89,9 @@ func run(ctx context.Context, o options) (int, error) {
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	wg.Add(3)
-	go func() { defer wg.Done(); errs[0] = c.svc.startKafka(ctx) }()
+	go func() { defer wg.Done(); errs[0] = c.svc.kafka(ctx, "start") }()
 	go func() { defer wg.Done(); errs[1] = c.svc.startPostgres(ctx) }()
-	go func() { defer wg.Done(); o.bin, errs[2] = build(ctx, root, dir, o.bin) }()
+	go func() { defer wg.Done(); o.bin, errs[2] = build(ctx, root, filepath.Dir(dir), o.bin) }()
 	wg.Wait()
 	c.o.bin = o.bin
 	if !o.keep {
@@ -173,9 +173,13 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	defer prod.Close()
 	pubCtx, cancelPub := context.WithCancel(ctx)
+	var pub sync.WaitGroup
+	defer pub.Wait() // before the client closes
 	defer cancelPub()
 	pubDone := make(chan error, 1)
+	pub.Add(1)
 	go func() {
+		defer pub.Done()
 		pubDone <- publish(pubCtx, prod, topic, w, led, o.duration*85/100, nil)
 	}()
 	c.runFaults(ctx, sched)
@@ -299,7 +303,7 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 		t0 := time.Now()
 		if f.Pause == 0 {
 			say("postgres restart -m immediate")
-			if err := c.svc.crashPostgres(ctx); err != nil {
+			if err := c.svc.postgres(ctx, "crash"); err != nil {
 				say("postgres restart: %v", err)
 				return
 			}
@@ -307,33 +311,20 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 			return
 		}
 		say("postgres stop -m immediate; start it again in %v (other faults go on meanwhile)", f.Pause)
-		if err := c.svc.killPostgres(ctx); err != nil {
+		if err := c.svc.postgres(ctx, "kill"); err != nil {
 			say("postgres stop: %v", err)
 		}
-		c.pgUp = c.later(ctx, f.Pause, func() error { return c.svc.startPostgres(ctx) }, func(err error) {
-			if err == nil {
-				say("postgres up again after %v", time.Since(t0).Round(time.Millisecond))
-			} else {
-				say("postgres start: %v", err)
-			}
-		})
+		c.pgUp = c.later(ctx, f.Pause, "postgres", func() error { return c.svc.postgres(ctx, "start") }, say)
 	case faultBrokerRestart:
 		if !waitUp(ctx, c.brokerUp) {
 			return
 		}
 		c.t.brokerRestarts++
 		say("kill -9 the broker; start it again in %v (other faults go on meanwhile)", f.Pause)
-		t0 := time.Now()
-		if err := c.svc.crashKafka(ctx); err != nil {
+		if err := c.svc.kafka(ctx, "crash"); err != nil {
 			say("broker kill: %v", err)
 		}
-		c.brokerUp = c.later(ctx, f.Pause, func() error { return c.svc.startKafka(ctx) }, func(err error) {
-			if err == nil {
-				say("broker up again after %v", time.Since(t0).Round(time.Millisecond))
-			} else {
-				say("broker start: %v", err)
-			}
-		})
+		c.brokerUp = c.later(ctx, f.Pause, "broker", func() error { return c.svc.kafka(ctx, "start") }, say)
 	case faultConnCut:
 		switch f.Variant {
 		case cutMidTx:
@@ -388,8 +379,10 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 
 // later starts a service again after pause, in the background, trying
 // until it answers (a service that does not come back ends nothing), and
-// reports each attempt. The returned channel is closed when it is done.
-func (c *chaos) later(ctx context.Context, pause time.Duration, start func() error, report func(error)) chan struct{} {
+// says how each attempt went. The returned channel is closed when it is
+// done.
+func (c *chaos) later(ctx context.Context, pause time.Duration, name string, start func() error, say func(string, ...any)) chan struct{} {
+	t0 := time.Now()
 	up := make(chan struct{})
 	c.bg.Add(1)
 	go func() {
@@ -400,11 +393,13 @@ func (c *chaos) later(ctx context.Context, pause time.Duration, start func() err
 		}
 		for {
 			err := start()
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return
-			}
-			report(err)
-			if err == nil {
+			case err != nil:
+				say("%s start: %v", name, err)
+			default:
+				say("%s up again after %v", name, time.Since(t0).Round(time.Millisecond))
 				return
 			}
 		}
@@ -510,15 +505,16 @@ func (c *chaos) migrate(ctx context.Context, mcfg memberConfig) error {
 func (c *chaos) stopServices() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := c.svc.stopKafka(ctx); err != nil {
+	if err := c.svc.kafka(ctx, "stop"); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: stop kafka:", err)
 	}
-	if err := c.svc.stopPostgres(ctx); err != nil {
+	if err := c.svc.postgres(ctx, "stop"); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: stop postgres:", err)
 	}
 }
 
-// build compiles ./cmd/onceflow into dir, unless bin names a binary.
+// build compiles ./cmd/onceflow into dir (each run replaces the last
+// run's), unless bin names a binary.
 func build(ctx context.Context, root, dir, bin string) (string, error) {
 	if bin != "" {
 		return bin, nil

@@ -51,22 +51,22 @@ func (s *services) script(ctx context.Context, name string, args ...string) (str
 	return strings.TrimSpace(out.String()), nil
 }
 
-func (s *services) startKafka(ctx context.Context) error {
-	_, err := s.script(ctx, "chaos-kafka.sh", "start")
+// kafka runs infra/chaos-kafka.sh verb: start (and wait until ready),
+// crash (kill -9: no shutdown, no flush) or stop.
+func (s *services) kafka(ctx context.Context, verb string) error {
+	_, err := s.script(ctx, "chaos-kafka.sh", verb)
 	return err
 }
 
-// crashKafka kills the broker with SIGKILL: no shutdown, no flush.
-func (s *services) crashKafka(ctx context.Context) error {
-	_, err := s.script(ctx, "chaos-kafka.sh", "crash")
+// postgres runs infra/chaos-postgres.sh verb: start, crash (restart -m
+// immediate: the server dies without a checkpoint and recovers from its
+// WAL), kill (stop -m immediate and stay down) or stop.
+func (s *services) postgres(ctx context.Context, verb string) error {
+	_, err := s.script(ctx, "chaos-postgres.sh", verb)
 	return err
 }
 
-func (s *services) stopKafka(ctx context.Context) error {
-	_, err := s.script(ctx, "chaos-kafka.sh", "stop")
-	return err
-}
-
+// startPostgres starts Postgres the first time and reads its DSN.
 func (s *services) startPostgres(ctx context.Context) error {
 	dsn, err := s.script(ctx, "chaos-postgres.sh", "start")
 	if err != nil {
@@ -74,24 +74,6 @@ func (s *services) startPostgres(ctx context.Context) error {
 	}
 	s.pgDSN = dsn
 	return nil
-}
-
-// crashPostgres restarts Postgres with -m immediate: the server dies
-// without a checkpoint and recovers from its WAL.
-func (s *services) crashPostgres(ctx context.Context) error {
-	_, err := s.script(ctx, "chaos-postgres.sh", "crash")
-	return err
-}
-
-// killPostgres stops Postgres with -m immediate and leaves it down.
-func (s *services) killPostgres(ctx context.Context) error {
-	_, err := s.script(ctx, "chaos-postgres.sh", "kill")
-	return err
-}
-
-func (s *services) stopPostgres(ctx context.Context) error {
-	_, err := s.script(ctx, "chaos-postgres.sh", "stop")
-	return err
 }
 
 // resetSchema drops schema and everything in it. The members create their
@@ -114,94 +96,92 @@ const topicPrefix = "chaos-orders-"
 // topic takes records up to topicMaxBytes, so the oversize poison can be
 // produced to it; the dead-letter topic keeps the broker's default limit.
 func createTopics(ctx context.Context, brokers []string, topic, dlq string, partitions int) error {
+	return withAdmin(ctx, brokers, time.Minute, func(ctx context.Context, adm *kadm.Client) error {
+		listed, err := adm.ListTopics(ctx)
+		if err != nil {
+			return fmt.Errorf("list topics: %w", err)
+		}
+		var old []string
+		for _, t := range listed.Names() {
+			if strings.HasPrefix(t, topicPrefix) {
+				old = append(old, t)
+			}
+		}
+		if len(old) > 0 {
+			if _, err := adm.DeleteTopics(ctx, old...); err != nil {
+				return fmt.Errorf("delete earlier runs' topics: %w", err)
+			}
+		}
+		flush := "1"
+		srcMax := strconv.Itoa(topicMaxBytes)
+		res, err := adm.CreateTopic(ctx, int32(partitions), 1, map[string]*string{"flush.messages": &flush, "max.message.bytes": &srcMax}, topic)
+		if err == nil {
+			err = res.Err
+		}
+		if err != nil {
+			return fmt.Errorf("create topic %s: %w", topic, err)
+		}
+		res, err = adm.CreateTopic(ctx, 1, 1, map[string]*string{"flush.messages": &flush}, dlq)
+		if err == nil {
+			err = res.Err
+		}
+		if err != nil {
+			return fmt.Errorf("create topic %s: %w", dlq, err)
+		}
+		return nil
+	})
+}
+
+// withAdmin calls fn with an admin client of brokers, bounded by d.
+func withAdmin(ctx context.Context, brokers []string, d time.Duration, fn func(context.Context, *kadm.Client) error) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	listed, err := adm.ListTopics(ctx)
-	if err != nil {
-		return fmt.Errorf("list topics: %w", err)
-	}
-	var old []string
-	for _, t := range listed.Names() {
-		if strings.HasPrefix(t, topicPrefix) {
-			old = append(old, t)
-		}
-	}
-	if len(old) > 0 {
-		if _, err := adm.DeleteTopics(ctx, old...); err != nil {
-			return fmt.Errorf("delete earlier runs' topics: %w", err)
-		}
-	}
-	flush := "1"
-	srcMax := strconv.Itoa(topicMaxBytes)
-	res, err := adm.CreateTopic(ctx, int32(partitions), 1, map[string]*string{"flush.messages": &flush, "max.message.bytes": &srcMax}, topic)
-	if err == nil {
-		err = res.Err
-	}
-	if err != nil {
-		return fmt.Errorf("create topic %s: %w", topic, err)
-	}
-	res, err = adm.CreateTopic(ctx, 1, 1, map[string]*string{"flush.messages": &flush}, dlq)
-	if err == nil {
-		err = res.Err
-	}
-	if err != nil {
-		return fmt.Errorf("create topic %s: %w", dlq, err)
-	}
-	return nil
+	return fn(ctx, kadm.NewClient(cl))
 }
 
 // endOffsets returns the end offset (high watermark) of each of topic's
 // partitions.
 func endOffsets(ctx context.Context, brokers []string, topic string) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("end offsets of %s: %w", topic, err)
-	}
 	out := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
-	return out, nil
+	err := withAdmin(ctx, brokers, 30*time.Second, func(ctx context.Context, adm *kadm.Client) error {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err == nil {
+			err = ends.Error()
+		}
+		if err != nil {
+			return fmt.Errorf("end offsets of %s: %w", topic, err)
+		}
+		ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+		return nil
+	})
+	return out, err
 }
 
 // committedOffsets returns the offsets group has committed to Kafka for
 // topic (partitions with none are absent).
 func committedOffsets(ctx context.Context, brokers []string, group, topic string) (map[int32]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	got, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
-	if err == nil {
-		err = got.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("committed offsets of group %s: %w", group, err)
-	}
 	out := map[int32]int64{}
-	got.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == topic && o.At >= 0 {
-			out[o.Partition] = o.At
+	err := withAdmin(ctx, brokers, 30*time.Second, func(ctx context.Context, adm *kadm.Client) error {
+		got, err := adm.FetchOffsets(ctx, group)
+		if err == nil {
+			err = got.Error()
 		}
+		if err != nil {
+			return fmt.Errorf("committed offsets of group %s: %w", group, err)
+		}
+		got.Each(func(o kadm.OffsetResponse) {
+			if o.Topic == topic && o.At >= 0 {
+				out[o.Partition] = o.At
+			}
+		})
+		return nil
 	})
-	return out, nil
+	return out, err
 }
 
 // waitPostgres waits until pool answers, up to d.
