@@ -18,17 +18,18 @@ import (
 
 // logLine is one line of a member's log (or of the harness's timeline).
 type logLine struct {
-	member string // the log's name: m2.3; "chaos" for the timeline
-	at     time.Time
-	text   string
-	count  int       // identical lines collapsed into this one
-	last   time.Time // when the last of them was written
+	member  string // the log's name: m2.3; "chaos" for the timeline
+	at      time.Time
+	text    string
+	count   int       // identical lines collapsed into this one
+	last    time.Time // when the last of them was written
+	members int       // how many members' logs they came from, when more than one
 }
 
 var (
 	reTime      = regexp.MustCompile(`^time=(\S+)`)
 	rePartition = regexp.MustCompile(`\bpartition=(\d+)\b`)
-	reOffset    = regexp.MustCompile(`\boffset=(\d+)\b`)
+	reOffsets   = regexp.MustCompile(`\b(?:offset|fence|kafka_committed)=(\d+)\b`)
 	// Fields that differ between otherwise identical lines of a retry loop.
 	reNoise = regexp.MustCompile(`^time=\S+ |\battempt=\d+ ?|\bspan_id=\S+ ?|\btrace_id=\S+ ?`)
 )
@@ -37,8 +38,8 @@ var (
 type lineMatch func(text string) bool
 
 // aboutOffsets matches lines naming partition p and an offset within
-// [lo, hi], and lines where a member resumed p or was fenced on it; not
-// the dedup.skip lines, which are about events (see aboutEvents).
+// [lo, hi] (any offset field: offset=, fence=, kafka_committed=); not the
+// dedup.skip lines, which are about events (see aboutEvents).
 func aboutOffsets(p int32, lo, hi int64) lineMatch {
 	want := strconv.Itoa(int(p))
 	return func(text string) bool {
@@ -46,15 +47,12 @@ func aboutOffsets(p int32, lo, hi int64) lineMatch {
 		if m == nil || m[1] != want || strings.Contains(text, "msg=dedup.skip") {
 			return false
 		}
-		if strings.Contains(text, "resuming from the offset") || strings.Contains(text, "fenced") {
-			return true
+		for _, o := range reOffsets.FindAllStringSubmatch(text, -1) {
+			if off, err := strconv.ParseInt(o[1], 10, 64); err == nil && off >= lo && off <= hi {
+				return true
+			}
 		}
-		o := reOffset.FindStringSubmatch(text)
-		if o == nil {
-			return false
-		}
-		off, _ := strconv.ParseInt(o[1], 10, 64)
-		return off >= lo && off <= hi
+		return false
 	}
 }
 
@@ -135,17 +133,38 @@ func anyOf(ms ...lineMatch) lineMatch {
 }
 
 // grepLogs returns the lines of files that match, in time order, with
-// runs of lines that differ only in time and attempt number collapsed.
+// lines that differ only in time and attempt number collapsed into the
+// first of them, in one member's log or across members (a record that
+// every new owner of a partition fails on).
 func grepLogs(files []string, match lineMatch) ([]logLine, error) {
-	var out []logLine
+	var all []logLine
 	for _, f := range files {
 		lines, err := grepFile(f, match)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, lines...)
+		all = append(all, lines...)
 	}
-	slices.SortStableFunc(out, func(a, b logLine) int { return a.at.Compare(b.at) })
+	slices.SortStableFunc(all, func(a, b logLine) int { return a.at.Compare(b.at) })
+	var out []logLine
+	index := map[string]int{}
+	from := map[string]map[string]bool{} // collapsed text -> members
+	for _, l := range all {
+		key := reNoise.ReplaceAllString(l.text, "")
+		i, ok := index[key]
+		if !ok {
+			index[key] = len(out)
+			from[key] = map[string]bool{l.member: true}
+			out = append(out, l)
+			continue
+		}
+		out[i].count += l.count
+		out[i].last = l.last
+		from[key][l.member] = true
+		if n := len(from[key]); n > 1 {
+			out[i].members = n
+		}
+	}
 	return out, nil
 }
 
@@ -229,7 +248,10 @@ func writeLines(w io.Writer, lines []logLine, limit int) {
 			return
 		}
 		fmt.Fprintf(w, "      %-6s %s", l.member, text)
-		if l.count > 1 {
+		switch {
+		case l.members > 1:
+			fmt.Fprintf(w, "   [×%d in %d members until %s]", l.count, l.members, l.last.UTC().Format("15:04:05.000"))
+		case l.count > 1:
 			fmt.Fprintf(w, "   [×%d until %s]", l.count, l.last.UTC().Format("15:04:05.000"))
 		}
 		fmt.Fprintln(w)

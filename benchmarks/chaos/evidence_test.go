@@ -28,9 +28,9 @@ func TestGrepLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The two retries collapse into one line; the resume line of the
-	// partition is kept although its offset is outside the range; the
-	// dedup.skip line and partition 1's line are not about the offsets.
+	// The two retries collapse into one line; the resume line is kept for
+	// its kafka_committed offset though its offset is outside the range;
+	// the dedup.skip line and partition 1's line are not about the offsets.
 	if len(got) != 2 || got[0].count != 2 || !strings.Contains(got[1].text, "resuming") || got[0].member != "m1.2" {
 		t.Fatalf("got %+v", got)
 	}
@@ -40,6 +40,15 @@ func TestGrepLogs(t *testing.T) {
 	ids, err := grepLogs([]string{path}, aboutEvents(evA, uuid.MustParse("87e1da46-aa83-4553-846e-bf6bc3fcbe4d")))
 	if err != nil || len(ids) != 1 || !strings.Contains(ids[0].text, "dedup.skip") {
 		t.Fatalf("lines about the event: %+v, %v", ids, err)
+	}
+	// The same line in two members' logs collapses into one, from both.
+	other := filepath.Join(dir, "m2.1.log")
+	if err := os.WriteFile(other, []byte(sampleLog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	both, err := grepLogs([]string{path, other}, aboutOffsets(3, 2000, 3000))
+	if err != nil || len(both) != 2 || both[0].count != 4 || both[0].members != 2 {
+		t.Fatalf("lines of two members: %+v, %v", both, err)
 	}
 	own, err := owners([]string{path})
 	if err != nil {

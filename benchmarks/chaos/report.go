@@ -170,8 +170,8 @@ func (r *report) evidence(w io.Writer, lines, items int) {
 			fmt.Fprintf(w, "  %s at %v: %s\n", p.ID, e.Copies[p.ID], p.Detail)
 		}
 		for _, s := range first(spans(passed), 4) {
-			show(fmt.Sprintf("partition %d from offset %d (batches before the first lost copy) to %d, and the first lost ids", s.Partition, max(0, s.Lo-4*batch), s.Hi),
-				anyOf(aboutOffsets(s.Partition, s.Lo-4*batch, s.Hi), aboutEvents(first(ids, 3)...)))
+			show(fmt.Sprintf("partition %d, offsets %d–%d (the lost ones and the batches around them), and the first lost ids", s.Partition, max(0, s.Lo-4*batch), s.Hi+4*batch),
+				anyOf(aboutOffsets(s.Partition, s.Lo-4*batch, s.Hi+4*batch), aboutEvents(first(ids, 3)...)))
 		}
 	}
 	if len(v.Unreached) > 0 {
