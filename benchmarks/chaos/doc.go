@@ -98,21 +98,30 @@
 // offset, stops the members, and reads Postgres (schema "chaos"):
 //
 //   - lost: a good event without its processed_events row for every
-//     handler or without its email;
+//     handler or without its email, though its partition's stored offset
+//     passed a copy of it (or with only some of its effects);
+//   - unreached: a good event with no effect, every copy of it at or after
+//     its partition's stored offset (behind a stuck partition; printed
+//     only when not zero);
 //   - doubled: more than one processed_events row per (event, handler), or
 //     more than one email per event;
 //   - extra: effects of an event that is not a good order (poison);
 //   - counters: analytics_counters, inventory_reserved and
 //     recommender_weights against their exact expected sums;
 //   - dead_letters: each poison record in dead_letters exactly once,
-//     matched by topic, partition and offset; dead letters of good records
-//     are reported too;
+//     matched by topic, partition and offset (those passed over without
+//     one, doubled, and not reached are told apart); dead letters of good
+//     records are reported too;
 //   - stuck: partitions whose stored offset is not their end offset.
 //
 // orders.Check is run on the same expectation; if it disagrees with the
-// verdict the run is INVALID. Evidence comes first (the events,
-// partitions and offsets, with the members' log lines about them and the
-// faults just before), the full form in <run>/evidence.txt, then one line:
+// verdict the run is INVALID. Evidence comes first: the events,
+// partitions and offsets; for a stuck partition the record waiting at its
+// stored offset, the first poison after it, the member that last took it
+// and that member's last warnings; the members' log lines about those
+// offsets and events (repeats collapsed), next to the faults of the 10
+// seconds before them. The full form is in <run>/evidence.txt, then one
+// line:
 //
 //	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 settled=2.1s duration=3m10s PASS
 //
