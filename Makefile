@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench bench-full up down up-postgres up-kafka up-jaeger
+.PHONY: help build demo test test-kfake lint fuzz bench bench-full chaos chaos-long up down up-postgres up-kafka up-jaeger
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,12 @@ bench: up-postgres ## end-to-end benchmark, short mode (under 2 minutes): benchm
 
 bench-full: up-postgres ## the full benchmark behind the README's figures: benchmarks/results/
 	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results
+
+chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka and Postgres; ARGS="-seed N" replays
+	$(GO) run ./benchmarks/chaos -short $(ARGS)
+
+chaos-long: ## the guarantee under faults, long mode: 30 minutes of faults, at least 250 SIGKILLs
+	$(GO) run ./benchmarks/chaos -duration 30m -min-kills 250 $(ARGS)
 
 fuzz: ## fuzz the record decoder for 30s
 	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s

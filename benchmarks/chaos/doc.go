@@ -1,0 +1,130 @@
+// Command chaos proves onceflow's guarantee under faults: it runs real
+// `onceflow run` processes in one consumer group on a real Kafka broker
+// and a real PostgreSQL, publishes the seed's orders with redeliveries and
+// poison, injects faults drawn from a seed, and judges from Postgres alone,
+// against what the producer sent, whether every effect happened once,
+// every poison record became one dead letter and every partition reached
+// its end.
+//
+//	go run ./benchmarks/chaos -short          # make chaos, CI: under 4 minutes
+//	go run ./benchmarks/chaos                 # make chaos-long: 30 minutes, >= 250 kills
+//	go run ./benchmarks/chaos -short -seed 42 # replay a run: same workload, same fault schedule
+//	go run ./benchmarks/chaos -short -onceflow-bin ../other-tree/bin/onceflow
+//
+// # Services
+//
+// The run starts its own services and crashes only those: a single-node
+// Kafka broker (infra/chaos-kafka.sh: infra/kafka.sh on ports 29092/29093,
+// state in $TMPDIR/onceflow-chaos-kafka) and a PostgreSQL 15 cluster
+// "15 chaos" on port 5442 (infra/chaos-postgres.sh, created the first
+// time). The shared broker (19092) and cluster (5432) are never touched.
+// The members reach Postgres through a toxiproxy proxy
+// (github.com/Shopify/toxiproxy/v2) run inside this command on port 5443.
+// Both topics fsync every message (flush.messages=1), so that a record the
+// broker acknowledged survives its kill -9. The services are stopped at
+// the end unless -keep-services.
+//
+// # Members
+//
+// The binary is built once per run from ./cmd/onceflow into -out (or
+// taken from -onceflow-bin, to judge another tree). Each member runs
+// `onceflow run --config <run>/members/<name>.yaml` with its own
+// http.addr, client id and Postgres application_name (chaos-<name>), its
+// log in <run>/logs/<name>.log. A member is named slot.incarnation: m2.3
+// is the third process of regular member m2; s-members join in storms.
+// A member that exits without a signal from the harness is restarted a
+// second later, as a supervisor would (counted as exits=). The members'
+// ONCEFLOW_* and OTEL_* environment is removed; -member-env adds settings.
+//
+// # Workload
+//
+// From the seed: -events unique orders (orders.Generate) and
+// -duplicates redeliveries of them (same id and payload; 30% on another
+// partition than the first copy), with poison spread among them, published
+// with acks=all and idempotence over 85% of -duration. Poison kinds
+// (-poison, copies = base count × -poison-scale):
+//
+//	no-id         no event_id header
+//	bad-id        an event_id header that is not a UUID
+//	bad-json      a value that is not JSON
+//	nul           a value with a NUL byte
+//	nul-escape    a JSON value with \u0000, which Postgres cannot store
+//	empty         an empty value
+//	over-decoder  a value over decode.max_record_bytes (and over the
+//	              dead-letter topic's limit); the source topic takes 4 MiB
+//	over-dlq      no event_id header, a value under the decoder's limit but
+//	              over franz-go's default 1000012-byte producer limit, so
+//	              its dead letter cannot be produced as is
+//	rejected      orders the handlers reject (user_id "one", 0, no items)
+//	data-error    an item of 10000 random characters: inventory_reserved's
+//	              primary-key index refuses it (SQLSTATE 54000)
+//
+// Every record carries a chaos_seq header. The producer's ledger holds
+// every record and the broker's answer; after the run the topic is read
+// back, and the expectation is built from what the topic really holds,
+// matched to the ledger. An acknowledged record missing from the topic
+// makes the run INVALID (the broker lost data; onceflow is not judged).
+//
+// # Faults
+//
+// -faults picks among kill, term, stop, pg-restart, broker-restart,
+// conn-cut, commit-cut and storm; the schedule (in <run>/schedule.txt) is
+// drawn from the seed: the same seed gives the same faults at the same
+// times against the same member slots. Each enabled kind occurs at least
+// once; the rest are drawn by weight, with at least -min-kills kills.
+//
+//	kill            SIGKILL a member; it restarts after 0–1.5s
+//	term            SIGTERM a member (it drains and leaves); a replacement starts at once
+//	stop            SIGSTOP a member for session timeout + 1–4s, then SIGCONT: a zombie
+//	pg-restart      Postgres crashes (-m immediate) and recovers: at once (restart), or
+//	                after 1–6s down while other faults go on
+//	broker-restart  kill -9 the broker, start it again after 0–3s (other faults go on)
+//	conn-cut        cut Postgres connections mid-transaction (a statement after
+//	                BEGIN never arrives), all at once, or pg_terminate_backend on
+//	                backends idle in transaction or running COMMIT
+//	commit-cut      cut a connection on its COMMIT: before Postgres gets it
+//	                (rolled back), or after Postgres committed and before the
+//	                member hears (the outcome is unknown to the member)
+//	storm           2–4 members join 300ms apart, stay 0.5–3s, and leave (one killed)
+//
+// The cuts are toxiproxy toxics that read the Postgres protocol (BEGIN,
+// COMMIT, and the server's COMMIT reply); the report says how many landed
+// where.
+//
+// # Verdict
+//
+// After the faults stop and the producer is done, the run waits up to
+// -settle for every partition's sink_offsets row to reach the topic's end
+// offset, stops the members, and reads Postgres (schema "chaos"):
+//
+//   - lost: a good event without its processed_events row for every
+//     handler or without its email, though its partition's stored offset
+//     passed a copy of it (or with only some of its effects);
+//   - unreached: a good event with no effect, every copy of it at or after
+//     its partition's stored offset (behind a stuck partition; printed
+//     only when not zero);
+//   - doubled: more than one processed_events row per (event, handler), or
+//     more than one email per event;
+//   - extra: effects of an event that is not a good order (poison);
+//   - counters: analytics_counters, inventory_reserved and
+//     recommender_weights against their exact expected sums;
+//   - dead_letters: each poison record in dead_letters exactly once,
+//     matched by topic, partition and offset (those passed over without
+//     one, doubled, and not reached are told apart); dead letters of good
+//     records are reported too;
+//   - stuck: partitions whose stored offset is not their end offset.
+//
+// orders.Check is run on the same expectation; if it disagrees with the
+// verdict the run is INVALID. Evidence comes first: the events,
+// partitions and offsets; for a stuck partition the record waiting at its
+// stored offset, the first poison after it, the member that last took it
+// and that member's last warnings; the members' log lines about those
+// offsets and events (repeats collapsed), next to the faults of the 10
+// seconds before them. The full form is in <run>/evidence.txt, then one
+// line:
+//
+//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 settled=2.1s duration=3m10s PASS
+//
+// Exit status: 0 PASS, 1 FAIL (the guarantee did not hold), 2 the run
+// could not be set up, 3 INVALID (the harness or the broker lost data).
+package main

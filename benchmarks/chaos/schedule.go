@@ -1,0 +1,207 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// faultKind names one kind of fault; the names are those of -faults.
+type faultKind string
+
+const (
+	faultKill          faultKind = "kill"           // SIGKILL a member, restart it
+	faultTerm          faultKind = "term"           // SIGTERM a member, start a replacement at once
+	faultStop          faultKind = "stop"           // SIGSTOP past the session timeout, then SIGCONT: a zombie
+	faultPGRestart     faultKind = "pg-restart"     // Postgres restart -m immediate
+	faultBrokerRestart faultKind = "broker-restart" // kill -9 the broker, start it again
+	faultConnCut       faultKind = "conn-cut"       // cut Postgres connections mid-transaction
+	faultCommitCut     faultKind = "commit-cut"     // cut Postgres connections during COMMIT
+	faultStorm         faultKind = "storm"          // members join and leave in quick succession
+)
+
+// allFaults lists every kind, in the order summaries name them.
+var allFaults = []faultKind{faultKill, faultTerm, faultStop, faultPGRestart, faultBrokerRestart,
+	faultConnCut, faultCommitCut, faultStorm}
+
+// weight is how often a kind is drawn, relative to the others.
+var weight = map[faultKind]int{
+	faultKill: 30, faultTerm: 10, faultStop: 8, faultPGRestart: 7, faultBrokerRestart: 4,
+	faultConnCut: 14, faultCommitCut: 18, faultStorm: 6,
+}
+
+// Variants of the connection cuts.
+const (
+	cutMidTx     = "midtx"     // a statement inside a transaction never reaches Postgres
+	cutAll       = "all"       // every connection through the proxy at once, wherever it is
+	cutTerminate = "terminate" // pg_terminate_backend on a backend idle in transaction or running COMMIT
+	cutBefore    = "before"    // COMMIT never reaches Postgres: the transaction rolls back
+	cutAfter     = "after"     // Postgres committed, the reply is lost: the outcome is unknown to the member
+)
+
+// fault is one scheduled fault. Everything about it is drawn from the
+// seed; only where exactly a cut lands depends on timing.
+type fault struct {
+	At      time.Duration // since the faults began
+	Kind    faultKind
+	Target  int           // which running member: an index modulo their number, in start order
+	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay
+	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join
+	Variant string        // conn-cut: midtx, all or terminate; commit-cut: before or after
+	Skip    int           // midtx: client writes of the transaction let through before the cut
+}
+
+func (f fault) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-14s", f.Kind)
+	switch f.Kind {
+	case faultKill:
+		fmt.Fprintf(&b, " member#%d, restart after %v", f.Target, f.Pause)
+	case faultTerm:
+		fmt.Fprintf(&b, " member#%d, replacement at once", f.Target)
+	case faultStop:
+		fmt.Fprintf(&b, " member#%d for %v", f.Target, f.Pause)
+	case faultPGRestart:
+		if f.Pause == 0 {
+			b.WriteString(" restart -m immediate")
+		} else {
+			fmt.Fprintf(&b, " stop -m immediate, down for %v", f.Pause)
+		}
+	case faultBrokerRestart:
+		fmt.Fprintf(&b, " down for %v", f.Pause)
+	case faultConnCut:
+		fmt.Fprintf(&b, " %s, up to %d connections", f.Variant, f.N)
+		if f.Variant == cutMidTx {
+			fmt.Fprintf(&b, " after %d writes of a transaction", f.Skip)
+		}
+	case faultCommitCut:
+		fmt.Fprintf(&b, " %s the server commits, up to %d connections", f.Variant, f.N)
+	case faultStorm:
+		fmt.Fprintf(&b, " %d join, stay %v, leave (one killed)", f.N, f.Pause)
+	}
+	return b.String()
+}
+
+// scheduleConfig is what a schedule is drawn from, besides the seed.
+type scheduleConfig struct {
+	Kinds          []faultKind   // enabled kinds; each occurs at least once when there is room
+	Window         time.Duration // faults start within it
+	Gap            time.Duration // mean time between two fault starts
+	MinKills       int           // at least this many kill faults, room permitting
+	SessionTimeout time.Duration // a stop lasts longer than this
+}
+
+// newSchedule draws the fault schedule of seed. The same seed and config
+// give the same schedule.
+func newSchedule(seed uint64, c scheduleConfig) []fault {
+	rng := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos": independent of the workload's stream
+	var times []time.Duration
+	for at := c.Gap / 2; at < c.Window; at += c.Gap/2 + time.Duration(rng.Int64N(int64(c.Gap))) {
+		times = append(times, at.Round(time.Millisecond))
+	}
+	n := len(times)
+	kinds := make([]faultKind, n)
+	// One of each enabled kind at random places, so that a short run has
+	// them all; the rest drawn by weight.
+	mandatory := map[int]bool{}
+	for i, pos := range rng.Perm(n) {
+		if i >= len(c.Kinds) {
+			break
+		}
+		kinds[pos] = c.Kinds[i]
+		mandatory[pos] = true
+	}
+	total := 0
+	for _, k := range c.Kinds {
+		total += weight[k]
+	}
+	for i := range kinds {
+		if kinds[i] != "" {
+			continue
+		}
+		x := rng.IntN(total)
+		for _, k := range c.Kinds {
+			if x -= weight[k]; x < 0 {
+				kinds[i] = k
+				break
+			}
+		}
+	}
+	if slices.Contains(c.Kinds, faultKill) {
+		kills := 0
+		for _, k := range kinds {
+			if k == faultKill {
+				kills++
+			}
+		}
+		for _, pos := range rng.Perm(n) {
+			if kills >= c.MinKills {
+				break
+			}
+			if kinds[pos] != faultKill && !mandatory[pos] {
+				kinds[pos] = faultKill
+				kills++
+			}
+		}
+	}
+	out := make([]fault, n)
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
+	for i, k := range kinds {
+		f := fault{At: times[i], Kind: k, Target: rng.IntN(1 << 10)}
+		switch k {
+		case faultKill:
+			f.Pause = ms(0, 1500)
+		case faultStop:
+			f.Pause = c.SessionTimeout + ms(1000, 4000)
+		case faultPGRestart:
+			if rng.IntN(2) == 1 {
+				f.Pause = ms(1000, 6000) // down that long; 0: restart at once
+			}
+		case faultBrokerRestart:
+			f.Pause = ms(0, 3000)
+		case faultConnCut:
+			f.Variant = []string{cutMidTx, cutMidTx, cutAll, cutTerminate}[rng.IntN(4)]
+			f.N = 1 + rng.IntN(4)
+			f.Skip = rng.IntN(4)
+		case faultCommitCut:
+			f.Variant = []string{cutBefore, cutAfter, cutAfter}[rng.IntN(3)]
+			f.N = 1 + rng.IntN(3)
+		case faultStorm:
+			f.N = 2 + rng.IntN(3)
+			f.Pause = ms(500, 3000)
+		}
+		out[i] = f
+	}
+	return out
+}
+
+// parseFaults reads -faults: "all" or comma-separated kinds.
+func parseFaults(s string) ([]faultKind, error) {
+	if s == "all" {
+		return slices.Clone(allFaults), nil
+	}
+	var out []faultKind
+	if strings.TrimSpace(s) == "" || s == "none" {
+		return out, nil
+	}
+	for _, name := range strings.Split(s, ",") {
+		k := faultKind(strings.TrimSpace(name))
+		if !slices.Contains(allFaults, k) {
+			return nil, fmt.Errorf("unknown fault %q (known: %s, all, none)", name, joinKinds(allFaults))
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+func joinKinds(ks []faultKind) string {
+	s := make([]string, len(ks))
+	for i, k := range ks {
+		s[i] = string(k)
+	}
+	return strings.Join(s, ", ")
+}

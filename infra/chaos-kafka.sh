@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The chaos run's own single-node Kafka broker, which benchmarks/chaos kills
+# with SIGKILL and starts again. It is infra/kafka.sh on other ports and in
+# another directory, never the shared broker on 19092. Idempotent.
+#
+#   infra/chaos-kafka.sh start    start (first time: format storage), wait until ready; prints the address
+#   infra/chaos-kafka.sh crash    kill -9 the broker (no shutdown, no flush)
+#   infra/chaos-kafka.sh stop     stop it cleanly
+#   infra/chaos-kafka.sh status | brokers
+#
+# Environment: CHAOS_KAFKA_PORT (29092), CHAOS_KAFKA_CONTROLLER_PORT (29093),
+# CHAOS_KAFKA_DIR (${TMPDIR:-/tmp}/onceflow-chaos-kafka).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+export KAFKA_PORT=${CHAOS_KAFKA_PORT:-29092}
+export KAFKA_CONTROLLER_PORT=${CHAOS_KAFKA_CONTROLLER_PORT:-29093}
+export KAFKA_DIR=${CHAOS_KAFKA_DIR:-${TMPDIR:-/tmp}/onceflow-chaos-kafka}
+
+if [ "$KAFKA_PORT" = 19092 ]; then
+  echo "infra/chaos-kafka.sh: refusing port 19092: that is the shared broker" >&2
+  exit 2
+fi
+
+case "${1:-start}" in
+crash)
+  pidfile=$KAFKA_DIR/kafka.pid
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    pid=$(cat "$pidfile")
+    kill -9 "$pid"
+    # Wait until it is gone (or a zombie not reaped yet) and its port is
+    # closed, so that a start right after does not find it still there.
+    for _ in $(seq 1 200); do
+      case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
+      "" | Z*) (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null || break ;;
+      esac
+      sleep 0.05
+    done
+    rm -f "$pidfile"
+  fi
+  ;;
+start | stop | status | brokers) exec "$here/kafka.sh" "$1" ;;
+*) echo "usage: infra/chaos-kafka.sh [start|crash|stop|status|brokers]" >&2; exit 2 ;;
+esac
