@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/orders"
 )
 
 // report turns a run's verdict into the evidence and the summary line.

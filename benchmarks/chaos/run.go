@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/sink/orders"
+	"github.com/onceflow/onceflow/orders"
 )
 
 // schema is where the members keep their tables in the chaos cluster; it
