@@ -58,6 +58,14 @@ func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 		p := int(h.Sum32() % uint32(b.o.partitions))
 		parts[p] = append(parts[p], sink.Event{ID: m.ID, Value: m.Value, Topic: e.topic, Partition: int32(p), Offset: int64(len(parts[p]))})
 	}
+	all := make([]int32, b.o.partitions)
+	for p := range all {
+		all[p] = int32(p)
+	}
+	leases, err := w.Take(ctx, e.topic, all)
+	if err != nil {
+		return nil, err
+	}
 	progress("ceiling: %d records straight into sink.Writer, no Kafka", len(stream.Messages))
 	r := &Run{Name: "ceiling", Kind: "baseline", Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
 	var mu sync.Mutex
@@ -77,7 +85,7 @@ func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 				for i := 0; i < len(evs); i += b.o.batch {
 					batch := evs[i:min(i+b.o.batch, len(evs))]
 					t := time.Now()
-					res, err := w.Write(ctx, &sink.Batch{Topic: e.topic, Partition: int32(p), Fence: fence,
+					res, err := w.Write(ctx, &sink.Batch{Topic: e.topic, Partition: int32(p), Epoch: leases[int32(p)].Epoch, Fence: fence,
 						NextOffset: batch[len(batch)-1].Offset + 1, Events: batch})
 					if err != nil {
 						errs <- err

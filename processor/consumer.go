@@ -285,6 +285,7 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.ConsumeTopics(c.cfg.Topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(c.cfg.CommitInterval),
@@ -298,6 +299,13 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.WithLogger(kgoLogger{c.log}),
 	}
 }
+
+// fetchMaxWait is how long the broker may hold a fetch open waiting for
+// data (the Java consumer's fetch.max.wait.ms; franz-go's default is 5s).
+// A partition resumed after a full queue is only fetched again by the
+// next request, so this bounds how long a resumed partition can sit idle
+// behind a long poll of partitions that have nothing new.
+const fetchMaxWait = 500 * time.Millisecond
 
 // pollWait bounds one PollRecords, so the loop also takes fenced
 // partitions again when nothing arrives.

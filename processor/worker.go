@@ -104,8 +104,13 @@ func (w *worker) loop() exit {
 // highWater is the queue size, in records and in bytes, at which the
 // partition is paused; it is resumed when the queue is back under half.
 func (w *worker) highWater() (int, int) {
-	return 2 * w.c.cfg.BatchMaxRecords, 2 * w.c.cfg.BatchMaxBytes
+	return max(2*w.c.cfg.BatchMaxRecords, minHighWater), 2 * w.c.cfg.BatchMaxBytes
 }
+
+// minHighWater keeps small batches (down to one record) from pausing and
+// resuming the partition's fetching on every batch; the queue's bytes stay
+// bounded by twice BatchMaxBytes whatever the record count.
+const minHighWater = 256
 
 // enqueue queues records fetched for the partition. It never blocks on the
 // worker; it pauses the partition's fetching when the queue is full.
