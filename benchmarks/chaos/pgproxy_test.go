@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
@@ -76,7 +77,7 @@ func committed(t *testing.T, pool *pgxpool.Pool, schema string, id uuid.UUID) bo
 // transaction fails at the named step, and Postgres did or did not commit.
 func TestCutToxic(t *testing.T) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
 	p, dsn := proxied(t)
 	for _, tc := range []struct {
 		mode      string
@@ -122,7 +123,7 @@ func TestCutToxic(t *testing.T) {
 // TestCutToxicBudget: a toxic cuts at most its budget of connections.
 func TestCutToxicBudget(t *testing.T) {
 	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
 	p, dsn := proxied(t)
 	toxic, remove, err := p.install(cutAfter, 2, 0)
 	if err != nil {
