@@ -61,8 +61,10 @@ log:
   format: text
 http:
   addr: 127.0.0.1:%[15]d
+drain_timeout: %[16]s
 `, name, strings.Join(c.Brokers, ", "), c.Topic, c.Group, appPrefix, c.DLQ, c.SessionTimeout,
-		3*c.SessionTimeout, c.BatchRecords, c.MaxRecordBytes, dsn, c.Schema, c.PoolSize, c.TxTimeout, port)
+		3*c.SessionTimeout, c.BatchRecords, c.MaxRecordBytes, dsn, c.Schema, c.PoolSize, c.TxTimeout, port,
+		3*c.SessionTimeout/2)
 }
 
 // appPrefix starts every member's client id and Postgres application_name.
