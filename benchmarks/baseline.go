@@ -19,6 +19,8 @@ import (
 // baseline runs one baseline on the same generated data and handlers.
 func (b *bench) baseline(ctx context.Context, name string) (*Run, error) {
 	switch name {
+	case "raw-copy":
+		return b.rawCopy(ctx)
 	case "ceiling":
 		return b.ceiling(ctx)
 	case "per-record-dedup":

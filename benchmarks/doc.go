@@ -16,7 +16,11 @@
 //     offsets are rewound to the start, and it runs again: every record
 //     is read twice, and the second pass must apply nothing.
 //
-// Baselines: ceiling (the same rows written by sink.Writer with no Kafka),
+// Baselines: raw-copy (what Postgres can write for the same effects by the
+// cheapest path: the unique events' processed_events and emails_sent rows
+// by binary COPY, the counters by set-based upserts, no dedup, no Kafka,
+// no offsets; every scenario's ratio to it is in results.json "ratios"),
+// ceiling (the same rows written by sink.Writer with no Kafka),
 // per-record transactions with dedup (the pipeline with one-record
 // batches) and a naive per-record consumer (each handler's write
 // autocommitted, no dedup: at-least-once, so duplicates double effects).

@@ -172,7 +172,7 @@ func run(ctx context.Context, o options) error {
 		rep.Runs = append(rep.Runs, r)
 	}
 	if o.baselines {
-		for _, name := range []string{"ceiling", "per-record-dedup", "naive-per-record"} {
+		for _, name := range baselineNames {
 			r, err := b.baseline(ctx, name)
 			if err != nil {
 				return fmt.Errorf("baseline %s: %w", name, err)
@@ -185,7 +185,7 @@ func run(ctx context.Context, o options) error {
 		rates[r.Name] = r.UniqueEventsPerSec
 	}
 	for _, s := range o.scenarios {
-		for _, base := range []string{"ceiling", "per-record-dedup", "naive-per-record"} {
+		for _, base := range baselineNames {
 			if rates[base] > 0 {
 				rep.Ratios = append(rep.Ratios, Ratio{s, base, rates[s] / rates[base]})
 			}
@@ -208,6 +208,9 @@ func run(ctx context.Context, o options) error {
 	}
 	return nil
 }
+
+// baselineNames are the baselines, in the order they run and are reported.
+var baselineNames = []string{"raw-copy", "ceiling", "per-record-dedup", "naive-per-record"}
 
 func replot(from, out string) error {
 	b, err := os.ReadFile(from)

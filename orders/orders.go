@@ -120,13 +120,16 @@ func (h *handler) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) err
 	return h.apply(ctx, tx, h.table, events, orders)
 }
 
+// Subject is the subject of the confirmation email emailHandler sends for o.
+func Subject(o Order) string { return fmt.Sprintf("Order confirmation: %d item(s)", len(o.Items)) }
+
 func applyEmail(ctx context.Context, tx pgx.Tx, table string, events []sink.Event, orders []Order) error {
 	ids := make([][16]byte, len(events)) // binary encoding, unlike uuid.UUID
 	users := make([]int64, len(events))
 	subjects := make([]string, len(events))
 	for i, e := range events {
 		ids[i], users[i] = e.ID, orders[i].UserID
-		subjects[i] = fmt.Sprintf("Order confirmation: %d item(s)", len(orders[i].Items))
+		subjects[i] = Subject(orders[i])
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, user_id, subject)
 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[])`, ids, users, subjects)
