@@ -5,8 +5,10 @@ import (
 	"errors"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -36,43 +38,120 @@ func (b *bench) baseline(ctx context.Context, name string) (*Run, error) {
 // -batch — with no Kafka: two goroutines (one per connection pair), each
 // owning half the partitions.
 func (b *bench) ceiling(ctx context.Context) (*Run, error) {
+	d, err := b.direct(ctx, "ceiling", false)
+	if err != nil {
+		return nil, err
+	}
+	defer d.e.close()
+	w, err := sink.New(d.e.pool, sink.Config{Schema: d.e.schema, Group: d.e.group, Handlers: d.hs, Logger: b.log})
+	if err != nil {
+		return nil, err
+	}
+	leases, err := w.Take(ctx, d.e.topic, d.partitions())
+	if err != nil {
+		return nil, err
+	}
+	progress("ceiling: %d records straight into sink.Writer, no Kafka", len(d.stream.Messages))
+	var skipped atomic.Int64
+	fences := make([]int64, len(d.parts))
+	for p := range fences {
+		fences[p] = -1
+	}
+	r, err := d.run(ctx, "ceiling", func(ctx context.Context, p int, batch []event) error {
+		evs := make([]sink.Event, len(batch))
+		for i, x := range batch {
+			evs[i] = x.ev
+		}
+		res, err := w.Write(ctx, &sink.Batch{Topic: d.e.topic, Partition: int32(p), Epoch: leases[int32(p)].Epoch,
+			Fence: fences[p], NextOffset: evs[len(evs)-1].Offset + 1, Events: evs})
+		if err != nil {
+			return err
+		}
+		fences[p] = evs[len(evs)-1].Offset + 1 // each partition is written by one goroutine
+		skipped.Add(int64(res.SkippedPostgres))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.SkippedPostgres = skipped.Load()
+	progress("ceiling: %.0f events/s; exactly once: %v", r.UniqueEventsPerSec, r.ExactlyOnce)
+	return r, nil
+}
+
+// directRun is a baseline that writes to Postgres with no Kafka: the
+// stream split by partition the way the producer splits it, in an env of
+// its own.
+type directRun struct {
+	b      *bench
+	stream orders.Stream
+	e      *env
+	hs     []sink.Handler
+	parts  [][]event
+}
+
+// event is one record of a direct run, its order parsed.
+type event struct {
+	ev    sink.Event
+	order orders.Order
+}
+
+// direct generates the stream and the env of baseline name; with unique,
+// only the first copy of each event is kept. The caller closes d.e.
+func (b *bench) direct(ctx context.Context, name string, unique bool) (*directRun, error) {
 	stream, err := orders.Generate(b.o.events, b.o.duplicates, b.o.seed)
 	if err != nil {
 		return nil, err
 	}
-	e, err := b.newEnv(ctx, "ceiling")
+	e, err := b.newEnv(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	defer e.close()
 	hs, err := orders.Handlers(e.schema, b.o.handlers...)
 	if err != nil {
+		e.close()
 		return nil, err
 	}
-	w, err := sink.New(e.pool, sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Logger: b.log})
-	if err != nil {
-		return nil, err
-	}
-	parts := make([][]sink.Event, b.o.partitions)
+	d := &directRun{b: b, stream: stream, e: e, hs: hs, parts: make([][]event, b.o.partitions)}
+	seen := make(map[uuid.UUID]bool, len(stream.Unique))
 	for _, m := range stream.Messages {
+		if unique && seen[m.ID] {
+			continue
+		}
+		seen[m.ID] = true
+		o, err := orders.Parse(m.Value)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
 		h := fnv.New32a()
 		_, _ = h.Write(m.ID[:])
 		p := int(h.Sum32() % uint32(b.o.partitions))
-		parts[p] = append(parts[p], sink.Event{ID: m.ID, Value: m.Value, Topic: e.topic, Partition: int32(p), Offset: int64(len(parts[p]))})
+		d.parts[p] = append(d.parts[p], event{sink.Event{ID: m.ID, Value: m.Value, Topic: e.topic, Partition: int32(p),
+			Offset: int64(len(d.parts[p]))}, o})
 	}
-	all := make([]int32, b.o.partitions)
-	for p := range all {
-		all[p] = int32(p)
+	return d, nil
+}
+
+func (d *directRun) partitions() []int32 {
+	ps := make([]int32, len(d.parts))
+	for p := range ps {
+		ps[p] = int32(p)
 	}
-	leases, err := w.Take(ctx, e.topic, all)
-	if err != nil {
-		return nil, err
+	return ps
+}
+
+// run writes every partition's events in batches of -batch with write,
+// from two goroutines each owning half the partitions, then times and
+// checks the result.
+func (d *directRun) run(ctx context.Context, name string, write func(ctx context.Context, p int, batch []event) error) (*Run, error) {
+	records := 0
+	for _, evs := range d.parts {
+		records += len(evs)
 	}
-	progress("ceiling: %d records straight into sink.Writer, no Kafka", len(stream.Messages))
-	r := &Run{Name: "ceiling", Kind: "baseline", Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
+	r := &Run{Name: name, Kind: "baseline", Records: records, UniqueEvents: len(d.stream.Unique)}
 	var mu sync.Mutex
 	var durs []time.Duration
-	var applied, skipped int64
 	resetPeakRSS()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -81,23 +160,15 @@ func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for p := worker; p < len(parts); p += 2 {
-				fence := int64(-1)
-				evs := parts[p]
-				for i := 0; i < len(evs); i += b.o.batch {
-					batch := evs[i:min(i+b.o.batch, len(evs))]
+			for p := worker; p < len(d.parts); p += 2 {
+				for i := 0; i < len(d.parts[p]); i += d.b.o.batch {
 					t := time.Now()
-					res, err := w.Write(ctx, &sink.Batch{Topic: e.topic, Partition: int32(p), Epoch: leases[int32(p)].Epoch, Fence: fence,
-						NextOffset: batch[len(batch)-1].Offset + 1, Events: batch})
-					if err != nil {
+					if err := write(ctx, p, d.parts[p][i:min(i+d.b.o.batch, len(d.parts[p]))]); err != nil {
 						errs <- err
 						return
 					}
-					fence = batch[len(batch)-1].Offset + 1
 					mu.Lock()
 					durs = append(durs, time.Since(t))
-					applied += int64(res.Applied)
-					skipped += int64(res.SkippedPostgres)
 					mu.Unlock()
 				}
 			}
@@ -111,15 +182,14 @@ func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 	r.Seconds = time.Since(start).Seconds()
 	r.UniqueEventsPerSec = float64(r.UniqueEvents) / r.Seconds
 	r.RecordsPerSec = float64(r.Records) / r.Seconds
-	r.RecordsConsumed, r.SkippedPostgres = int64(r.Records), skipped
+	r.RecordsConsumed = int64(r.Records)
 	r.BatchP50Ms, r.BatchP99Ms = percentileMs(durs, 0.5), percentileMs(durs, 0.99)
 	r.PeakRSSMiB = peakRSSMiB()
-	rep, err := orders.Check(ctx, e.pool, e.schema, stream.Unique, b.o.handlers...)
+	rep, err := orders.Check(ctx, d.e.pool, d.e.schema, d.stream.Unique, d.b.o.handlers...)
 	if err != nil {
 		return nil, err
 	}
 	r.ExactlyOnce, r.Problems = rep.ExactlyOnce(), nonNil(rep.Problems)
-	progress("ceiling: %.0f events/s; exactly once: %v", r.UniqueEventsPerSec, r.ExactlyOnce)
 	return r, nil
 }
 
