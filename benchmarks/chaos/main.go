@@ -62,6 +62,7 @@ func (e *envList) Set(s string) error {
 	return nil
 }
 
+// parseFlags reads the command line; long only because it lists every flag.
 func parseFlags(args []string) (options, error) {
 	var o options
 	var faults, poison string

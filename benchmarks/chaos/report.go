@@ -130,7 +130,8 @@ func (r *report) summary(word string) string {
 
 // evidence writes what went wrong, each item with the member log lines
 // (and the harness's fault lines) around it: at most lines log lines and
-// items listed entries per item.
+// items listed entries per item. It is long on purpose: one block per kind
+// of failure, in the order of the summary line.
 func (r *report) evidence(w io.Writer, lines, items int) {
 	e, v, o := r.exp, r.v, r.obs
 	batch := int64(r.c.o.batch)

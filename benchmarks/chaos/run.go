@@ -55,6 +55,11 @@ type chaos struct {
 	bg             sync.WaitGroup
 }
 
+// run is one chaos run: services and binary, members, publishing under
+// faults, then the verdict; it returns the exit code. It is one function
+// on purpose: each step's defer stops what that step started, so every
+// path out — a setup error, an interrupt, the verdict — stops the members
+// before the proxy and the services, in reverse order of their start.
 func run(ctx context.Context, o options) (int, error) {
 	began := time.Now()
 	root, err := repoRoot()
@@ -258,7 +263,8 @@ func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 	c.bg.Wait()
 }
 
-// apply carries out fault number n.
+// apply carries out fault number n. It is one switch over the fault
+// kinds on purpose: each case is the whole of one kind, read top to bottom.
 func (c *chaos) apply(ctx context.Context, n int, f fault) {
 	tl, ms := c.tl, c.members
 	say := func(format string, args ...any) { tl.fault("fault %d: "+format, append([]any{n}, args...)...) }

@@ -220,7 +220,8 @@ func (v *verdict) pass() bool {
 }
 
 // judge compares o with e for the given handlers (the members run them
-// all on every event).
+// all on every event). It is long on purpose: one block per field of the
+// verdict, each reading only e and o.
 func judge(e *expectation, o *observed, handlers []string) *verdict {
 	v := &verdict{Events: len(e.Orders)}
 	has := func(h string) bool { return slices.Contains(handlers, h) }
