@@ -14,13 +14,6 @@ import (
 	"github.com/onceflow/onceflow/sink"
 )
 
-// Waiting for Postgres is the library's, not the command's: a program
-// that embeds onceflow is deployed like `onceflow run` — started by an
-// orchestrator next to a database that may still be starting, restarted
-// with it — and needs the same rule, written once: wait for what goes
-// away by itself, fail at once on configuration. The command keeps only
-// what is its own: the HTTP server whose /readyz shows the wait.
-
 // Backoff of the wait for Postgres.
 const (
 	waitFirst = 200 * time.Millisecond
@@ -28,7 +21,16 @@ const (
 	waitCall  = 10 * time.Second // bound of one attempt
 )
 
-// waiter runs steps against one pool, waiting while Postgres is down.
+// waiter runs the start's steps against one pool, waiting while Postgres
+// is down.
+//
+// Waiting for Postgres is the library's, not the command's: a program
+// that embeds onceflow is deployed like `onceflow run` — started by an
+// orchestrator next to a database that may still be starting, restarted
+// with it — and needs the same rule, written once: wait for what goes
+// away by itself, fail at once on configuration. The command keeps only
+// what is its own: the HTTP server whose /readyz shows the wait (through
+// Runner.Ready), and the signals.
 type waiter struct {
 	where    string // host:port/database, never the password
 	password string // removed from error messages
