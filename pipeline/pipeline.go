@@ -123,18 +123,21 @@ func (c Config) Validate() error {
 	if c.PoolSize < 1 {
 		bad("PoolSize %d is below 1", c.PoolSize)
 	}
-	k := c.Consumer
-	for field, set := range map[string]bool{"Brokers": k.Brokers != nil, "Topics": k.Topics != nil, "Group": k.Group != "",
-		"DeadLetterTopic": k.DeadLetterTopic != "", "Logger": k.Logger != nil, "TracerProvider": k.TracerProvider != nil} {
-		if set {
-			bad("Consumer.%s is set: set Config.%s instead", field, field)
+	type field struct {
+		name string
+		set  bool
+	}
+	k, w := c.Consumer, c.Writer
+	for _, f := range []field{{"Brokers", k.Brokers != nil}, {"Topics", k.Topics != nil}, {"Group", k.Group != ""},
+		{"DeadLetterTopic", k.DeadLetterTopic != ""}, {"Logger", k.Logger != nil}, {"TracerProvider", k.TracerProvider != nil}} {
+		if f.set {
+			bad("Consumer.%s is set: set Config.%s instead", f.name, f.name)
 		}
 	}
-	w := c.Writer
-	for field, set := range map[string]bool{"Schema": w.Schema != "", "Group": w.Group != "", "Handlers": w.Handlers != nil,
-		"Cache": w.Cache != nil, "Logger": w.Logger != nil, "TracerProvider": w.TracerProvider != nil} {
-		if set {
-			bad("Writer.%s is set: set Config.%s instead", field, field)
+	for _, f := range []field{{"Schema", w.Schema != ""}, {"Group", w.Group != ""}, {"Handlers", w.Handlers != nil},
+		{"Cache", w.Cache != nil}, {"Logger", w.Logger != nil}, {"TracerProvider", w.TracerProvider != nil}} {
+		if f.set {
+			bad("Writer.%s is set: set Config.%s instead", f.name, f.name)
 		}
 	}
 	ps = append(ps, c.consumerConfig(nil).Validate())
