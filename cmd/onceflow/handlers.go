@@ -1,20 +1,28 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	pgmigrate "github.com/onceflow/onceflow/migrate"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink"
 )
 
-// handlerRegistry is every Go handler this program can run, by name: the
-// handlers key chooses among them. A program embedding onceflow with its
-// own handlers registers them the same way.
+// handlerRegistry is every Go handler this program can run, by name, and
+// the migrations of their tables: the handlers key chooses among them.
+// The demo business (package orders) is registered in it the way a user's
+// handlers would be, and nothing else in the command names it; a program
+// embedding onceflow with its own handlers needs no registry and calls
+// package pipeline directly (examples/customhandler).
 type handlerRegistry struct {
-	names []string // in registration order: the default of the handlers key
-	ctors map[string]func(schema string) sink.Handler
+	names      []string // in registration order: the default of the handlers key
+	ctors      map[string]func(schema string) sink.Handler
+	migrations []pgmigrate.Func // the registered handlers' tables, in registration order
 }
 
 func (r *handlerRegistry) add(name string, ctor func(schema string) sink.Handler) {
@@ -25,12 +33,26 @@ func (r *handlerRegistry) add(name string, ctor func(schema string) sink.Handler
 	r.ctors[name] = ctor
 }
 
-// registry has the demo business's four handlers.
+// addMigration registers the migration of registered handlers' tables.
+func (r *handlerRegistry) addMigration(m pgmigrate.Func) { r.migrations = append(r.migrations, m) }
+
+// migrate creates or upgrades every registered handler's tables in schema.
+func (r *handlerRegistry) migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	for _, m := range r.migrations {
+		if err := m(ctx, pool, schema); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// registry has the demo business's four handlers and their tables.
 var registry = func() *handlerRegistry {
 	r := &handlerRegistry{}
 	for _, name := range orders.Names {
 		r.add(name, func(schema string) sink.Handler { h, _ := orders.New(name, schema); return h })
 	}
+	r.addMigration(orders.Migrate)
 	return r
 }()
 

@@ -17,7 +17,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
 )
@@ -170,13 +169,19 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-// migrate creates sink's, the outbox's and the demo business's tables in
-// schema.
+// migrate creates sink's tables and the rest (migrateRest) in schema.
 func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	for _, m := range []func(context.Context, *pgxpool.Pool, string) error{sink.Migrate, outbox.Migrate, orders.Migrate} {
-		if err := m(ctx, pool, schema); err != nil {
-			return err
-		}
+	if err := sink.Migrate(ctx, pool, schema); err != nil {
+		return err
 	}
-	return nil
+	return migrateRest(ctx, pool, schema)
+}
+
+// migrateRest creates the outbox's and the registered handlers' tables in
+// schema: what this program adds to a pipeline's own tables.
+func migrateRest(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		return err
+	}
+	return registry.migrate(ctx, pool, schema)
 }

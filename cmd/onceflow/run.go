@@ -8,9 +8,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/api"
-	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/metrics"
-	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 func newRunCmd() *cobra.Command {
@@ -35,10 +34,12 @@ committing; Postgres keeps what committed, and the next owner resumes there.`,
 	}
 }
 
-// run is the service: it serves /healthz, /readyz and /metrics at once,
-// waits for Postgres (then migrates) and for the brokers as long as it
-// takes, saying what it waits for, and consumes until ctx ends. It returns
-// early only on configuration errors.
+// run is the service: package pipeline with the config's handlers, plus
+// what only the command has — tracing set up from the environment, the
+// HTTP server (/healthz, /readyz, /metrics) served at once, and the
+// second signal that aborts. The pipeline waits for Postgres (then
+// migrates) and for the brokers as long as it takes, and /readyz names
+// what it waits for; run returns early only on configuration errors.
 func (a *app) run(ctx context.Context) (err error) {
 	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
@@ -50,48 +51,27 @@ func (a *app) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer pool.Close()
+	hs, err := registry.build(a.cfg.Postgres.Schema, a.cfg.Handlers)
+	if err != nil {
+		return err
+	}
 	m := metrics.New()
-	var kafka consumerCheck
+	p, err := pipeline.New(a.pipelineConfig(pool, hs, m))
+	if err != nil {
+		return err
+	}
 	if a.cfg.HTTP.Addr != "" {
-		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka.check()))
+		kafka := api.Check{Name: "kafka", Ready: func(context.Context) error { return p.Ready() }}
+		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka))
 		if err != nil {
 			return err
 		}
 		a.log.Info("http listening", "addr", srv.Addr())
 		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
 	}
-	if err := a.whenPostgres(ctx, "connect", pool.Ping); err != nil {
-		return ignoreCanceled(ctx, err)
-	}
-	migrateAll := func(ctx context.Context) error { return migrate(ctx, pool, a.cfg.Postgres.Schema) }
-	if err := a.whenPostgres(ctx, "migrate", migrateAll); err != nil {
-		return ignoreCanceled(ctx, err)
-	}
-	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
-	if err != nil {
-		return err
-	}
-	w, err := a.newWriter(pool, a.cfg.Postgres.Schema, cache, a.tp)
-	if err != nil {
-		return err
-	}
-	c, err := processor.New(a.consumerConfig(a.cfg.Kafka.Brokers, a.cfg.Kafka.ClientID, a.tp, m), w)
-	if err != nil {
-		return err
-	}
-	m.Add(c, cache)
-	kafka.c.Store(c)
-	stop := abortOnSecondSignal(ctx, a.log, c.Abort)
+	stop := abortOnSecondSignal(ctx, a.log, p.Abort)
 	defer stop()
-	return c.Run(ctx)
-}
-
-// ignoreCanceled is nil when ctx ended (a signal while waiting), else err.
-func ignoreCanceled(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
+	return p.Run(ctx)
 }
 
 // stopServer stops srv within 5s, also when ctx has ended.

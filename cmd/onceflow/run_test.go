@@ -3,7 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,5 +92,74 @@ func TestRunConsumesAndDrains(t *testing.T) {
 	}
 	if !rep.ExactlyOnce() {
 		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+}
+
+// While Postgres does not answer, `onceflow run` serves /readyz naming
+// what it waits for, and returns nil when its context ends; a Postgres
+// that does not know the database ends it at once with an error.
+func TestRunWaitsForPostgres(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	root := newRoot()
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	root.SetArgs([]string{"run", "--brokers", "127.0.0.1:1", "--dsn", "postgres://u@127.0.0.1:1/db?connect_timeout=1",
+		"--http-addr", addr, "--log-level", "error"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+
+	var body map[string]any
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			body = nil
+			_ = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				t.Fatalf("/readyz while Postgres is down: %d %v, want 503", resp.StatusCode, body)
+			}
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned while Postgres is down: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz not served within 30s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waiting, _ := body["waiting_for"].(map[string]any)
+	if k, _ := waiting["kafka"].(string); waiting["postgres"] == nil || !strings.Contains(k, "waiting for postgres") {
+		t.Errorf("/readyz waiting_for = %v, want postgres and kafka (waiting for postgres)", waiting)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run after cancel while waiting: %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return within 30s of cancel")
+	}
+
+	u, err := url.Parse(sinktest.DSN(t))
+	if err != nil {
+		t.Skipf("test DSN is not a URL: %v", err)
+	}
+	u.Path = "/onceflow_no_such_database"
+	_, err = runCLI(t, io.Discard, "run", "--brokers", "127.0.0.1:1", "--dsn", u.String(), "--http-addr", "127.0.0.1:0")
+	if err == nil || !strings.Contains(err.Error(), "connect: postgres at") {
+		t.Errorf("run with an unknown database: %v, want an error naming the step", err)
 	}
 }

@@ -6,15 +6,43 @@ import (
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/metrics"
+	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 )
 
+// pipelineConfig is the pipeline of `onceflow run`: the config's keys, the
+// handlers built from the registry, and the tables of the program's other
+// parts (outbox, the registered handlers') as its Migrate. dedup.lru_size
+// 0 disables the cache, which is the pipeline's LRUSize -1.
+func (a *app) pipelineConfig(pool *pgxpool.Pool, hs []sink.Handler, m *metrics.Metrics) pipeline.Config {
+	k := a.cfg.Kafka
+	lru := a.cfg.Dedup.LRUSize
+	if lru == 0 {
+		lru = -1
+	}
+	return pipeline.Config{
+		Brokers: k.Brokers, Topics: k.Topics, Group: k.Group, DeadLetterTopic: k.DeadLetterTopic,
+		Pool: pool, Schema: a.cfg.Postgres.Schema,
+		Handlers: hs, Migrate: migrateRest, LRUSize: lru,
+		Logger: a.log, TracerProvider: a.tp, Metrics: m,
+		Consumer: a.consumerTuning(k.ClientID),
+		Writer:   a.writerTuning(),
+	}
+}
+
+// writerTuning is the sink config from the config, without what the
+// caller sets: schema, group, handlers, cache, logger, tracing.
+func (a *app) writerTuning() sink.Config {
+	return sink.Config{Bus: a.cfg.Bus, TxTimeout: a.cfg.Postgres.TxTimeout}
+}
+
 // writerConfig is the sink config for schema from the config, without
 // handlers and cache.
 func (a *app) writerConfig(schema string, tp trace.TracerProvider) sink.Config {
-	return sink.Config{Schema: schema, Group: a.cfg.Kafka.Group, Bus: a.cfg.Bus,
-		TxTimeout: a.cfg.Postgres.TxTimeout, Logger: a.log, TracerProvider: tp}
+	c := a.writerTuning()
+	c.Schema, c.Group, c.Logger, c.TracerProvider = schema, a.cfg.Kafka.Group, a.log, tp
+	return c
 }
 
 // newWriter builds the sink writer for schema from the config, with the
@@ -29,19 +57,28 @@ func (a *app) newWriter(pool *pgxpool.Pool, schema string, cache *dedup.Cache, t
 	return sink.New(pool, cfg)
 }
 
-// consumerConfig builds a consumer's config; name is its client id.
-func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvider, m *metrics.Metrics) processor.Config {
+// consumerTuning is the consumer config from the config, without what the
+// caller sets: brokers, topics, group, dead-letter topic, logger, tracing,
+// batch callback. name is its client id.
+func (a *app) consumerTuning(name string) processor.Config {
 	k := a.cfg.Kafka
 	return processor.Config{
-		Brokers: brokers, Topics: k.Topics, Group: k.Group, ClientID: name,
+		ClientID:        name,
 		BatchMaxRecords: a.cfg.Batch.MaxRecords, BatchMaxBytes: a.cfg.Batch.MaxBytes, BatchLinger: a.cfg.Batch.Linger,
-		Decode:          processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
-		DeadLetterTopic: k.DeadLetterTopic,
-		CommitInterval:  k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
+		Decode:         processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
+		CommitInterval: k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
 		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
 		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
-		Logger:           a.log, TracerProvider: tp, OnBatch: m.OnBatch,
-		KafkaOptions: a.kafkaTracing(name),
 	}
+}
+
+// consumerConfig builds a consumer's config; name is its client id.
+func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvider, m *metrics.Metrics) processor.Config {
+	k := a.cfg.Kafka
+	c := a.consumerTuning(name)
+	c.Brokers, c.Topics, c.Group, c.DeadLetterTopic = brokers, k.Topics, k.Group, k.DeadLetterTopic
+	c.Logger, c.TracerProvider, c.OnBatch = a.log, tp, m.OnBatch
+	c.KafkaOptions = a.kafkaTracing(name)
+	return c
 }
