@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -123,22 +122,12 @@ func newLogger(c config.Log) *slog.Logger {
 // openPool connects to Postgres and pings it, with an error that says how to
 // start the local database when it does not answer.
 func (a *app) openPool(ctx context.Context, size int) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(a.cfg.Postgres.DSN)
+	pool, err := a.newPool(size)
 	if err != nil {
-		return nil, fmt.Errorf("postgres.dsn %s: not a valid connection string", config.RedactDSN(a.cfg.Postgres.DSN))
+		return nil, err
 	}
-	pc.MaxConns = int32(size)
-	if a.tracing {
-		pc.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(a.tp))
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
 		return nil, fmt.Errorf("postgres at %s does not answer (%v)\n  start the local cluster with: infra/postgres.sh start",
 			config.RedactDSN(a.cfg.Postgres.DSN), redactErr(err, a.cfg.Postgres.DSN))
 	}

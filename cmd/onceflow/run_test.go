@@ -3,10 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
-	"net"
-	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -27,27 +24,11 @@ func TestRunConsumesAndDrains(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := freshSchema(t, pool, "test_run_")
 
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"), kfake.SeedTopics(1, "orders.dlq"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	stream, err := orders.Generate(2000, 0.5, 9)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs := make([]*kgo.Record, len(stream.Messages))
-	for i, m := range stream.Messages {
-		recs[i] = wire.NewRecord("orders", m.ID, m.Value)
-	}
-	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	cl.Close()
+	c := ordersCluster(t, 3, stream)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -64,7 +45,7 @@ func TestRunConsumesAndDrains(t *testing.T) {
 	for {
 		var n int64
 		_ = pool.QueryRow(t.Context(), `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets`).Scan(&n)
-		if n >= int64(len(recs)) {
+		if n >= int64(len(stream.Messages)) {
 			break
 		}
 		select {
@@ -73,7 +54,7 @@ func TestRunConsumesAndDrains(t *testing.T) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("run committed %d of %d records in 60s", n, len(recs))
+			t.Fatalf("run committed %d of %d records in 60s", n, len(stream.Messages))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -95,71 +76,40 @@ func TestRunConsumesAndDrains(t *testing.T) {
 	}
 }
 
-// While Postgres does not answer, `onceflow run` serves /readyz naming
-// what it waits for, and returns nil when its context ends; a Postgres
-// that does not know the database ends it at once with an error.
-func TestRunWaitsForPostgres(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	root := newRoot()
-	root.SetOut(io.Discard)
-	root.SetErr(io.Discard)
-	root.SetArgs([]string{"run", "--brokers", "127.0.0.1:1", "--dsn", "postgres://u@127.0.0.1:1/db?connect_timeout=1",
-		"--http-addr", addr, "--log-level", "error"})
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-
-	var body map[string]any
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err == nil {
-			body = nil
-			_ = json.NewDecoder(resp.Body).Decode(&body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusServiceUnavailable {
-				t.Fatalf("/readyz while Postgres is down: %d %v, want 503", resp.StatusCode, body)
-			}
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("run returned while Postgres is down: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not served within 30s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	waiting, _ := body["waiting_for"].(map[string]any)
-	if k, _ := waiting["kafka"].(string); waiting["postgres"] == nil || !strings.Contains(k, "waiting for postgres") {
-		t.Errorf("/readyz waiting_for = %v, want postgres and kafka (waiting for postgres)", waiting)
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run after cancel while waiting: %v, want nil", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not return within 30s of cancel")
-	}
-
+// `onceflow run` with a database that does not exist ends at once with an
+// error naming the step: waiting cannot cure a configuration error.
+func TestRunFailsOnUnknownDatabase(t *testing.T) {
 	u, err := url.Parse(sinktest.DSN(t))
 	if err != nil {
-		t.Skipf("test DSN is not a URL: %v", err)
+		t.Fatalf("test DSN is not a URL: %v", err)
 	}
 	u.Path = "/onceflow_no_such_database"
 	_, err = runCLI(t, io.Discard, "run", "--brokers", "127.0.0.1:1", "--dsn", u.String(), "--http-addr", "127.0.0.1:0")
 	if err == nil || !strings.Contains(err.Error(), "connect: postgres at") {
 		t.Errorf("run with an unknown database: %v, want an error naming the step", err)
 	}
+}
+
+// ordersCluster is a kfake cluster with topics orders (partitions) and
+// orders.dlq, holding stream's messages; closed at the test's end.
+func ordersCluster(t *testing.T, partitions int32, stream orders.Stream) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "orders"), kfake.SeedTopics(1, "orders.dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, len(stream.Messages))
+	for i, m := range stream.Messages {
+		recs[i] = wire.NewRecord("orders", m.ID, m.Value)
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

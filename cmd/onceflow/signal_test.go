@@ -13,12 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
-	"github.com/onceflow/onceflow/wire"
 )
 
 // buildBinary builds onceflow once per test binary, into a temporary
@@ -72,27 +68,11 @@ func TestSecondSignalAbortsTheDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"), kfake.SeedTopics(1, "orders.dlq"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	stream, err := orders.Generate(200, 0, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	recs := make([]*kgo.Record, len(stream.Messages))
-	for i, m := range stream.Messages {
-		recs[i] = wire.NewRecord("orders", m.ID, m.Value)
-	}
-	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	c := ordersCluster(t, 1, stream)
 
 	// Migrate, then hold emails_sent so that the first batch blocks.
 	if _, err := runCLI(t, &bytes.Buffer{}, "migrate", "--dsn", dsn, "--schema", schema); err != nil {
