@@ -400,36 +400,51 @@ func percentileMs(ds []time.Duration, q float64) float64 {
 	return float64(s[min(len(s)-1, int(q*float64(len(s))))]) / float64(time.Millisecond)
 }
 
-// recovery measures, for each mark, the time until the applied rate over a
-// sampling window is back to half the rate of the two seconds before it.
+// recoveryShare is the share of the rate before a membership change that
+// counts as recovered.
+const recoveryShare = 0.9
+
+// recoveryWindow is the span, in seconds, over which the rate after a
+// change is measured; the window lies wholly after the change, so it is
+// also the shortest recovery that can be measured.
+const recoveryWindow = 0.5
+
+// recovery measures, for each mark, the time until the applied rate over
+// the last recoveryWindow is back to recoveryShare of the rate of the two seconds
+// before the mark. A mark after which the rate never gets back (the end
+// of the stream came first) is left out.
 func recovery(r *Run) (median, maxMs float64) {
-	var rs []float64
-	rate := func(i int) float64 {
-		dt := r.Samples[i].T - r.Samples[i-1].T
-		return float64(r.Samples[i].Applied-r.Samples[i-1].Applied) / dt
+	// rate is the applied rate over the samples in (t-d, t] ending at i.
+	rate := func(i int, d float64) (float64, bool) {
+		j := i
+		for j > 0 && r.Samples[j-1].T > r.Samples[i].T-d {
+			j--
+		}
+		if j == 0 || r.Samples[i].T-r.Samples[j-1].T < d/2 {
+			return 0, false
+		}
+		dt := r.Samples[i].T - r.Samples[j-1].T
+		return float64(r.Samples[i].Applied-r.Samples[j-1].Applied) / dt, true
 	}
+	var rs []float64
 	for _, m := range r.Marks {
-		var before []float64
-		after := -1
-		for i := 1; i < len(r.Samples); i++ {
-			t := r.Samples[i].T
-			if t <= m.T && t > m.T-2 {
-				before = append(before, rate(i))
-			}
-			if t > m.T && after < 0 {
+		last, after := -1, -1
+		for i, s := range r.Samples {
+			if s.T <= m.T {
+				last = i
+			} else if after < 0 {
 				after = i
 			}
 		}
-		if len(before) == 0 || after < 0 {
+		if last < 0 || after < 0 {
 			continue
 		}
-		var sum float64
-		for _, v := range before {
-			sum += v
+		before, ok := rate(last, 2)
+		if !ok || before == 0 {
+			continue
 		}
-		target := 0.5 * sum / float64(len(before))
 		for i := after; i < len(r.Samples); i++ {
-			if rate(i) >= target {
+			if v, ok := rate(i, recoveryWindow); ok && r.Samples[i].T-recoveryWindow >= m.T && v >= recoveryShare*before {
 				rs = append(rs, (r.Samples[i].T-m.T)*1000)
 				break
 			}

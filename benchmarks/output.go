@@ -67,7 +67,7 @@ func markdown(rep *Report) string {
 	}
 	b.WriteString("\nunique events/s: distinct events whose effects were applied, per second of the run. " +
 		"records consumed/s includes duplicates and re-reads. Batch latency: from a batch closing to its COMMIT. " +
-		"Recovery: time from a membership change until the applied rate over a 250 ms window is back to half the rate of the 2 s before it. " +
+		"Recovery: time from a membership change until the applied rate over the last 500 ms (wholly after the change) is back to 90% of the rate of the 2 s before it (changes after which the stream ended first are left out). " +
 		"Peak RSS: the whole benchmark process (kfake included when embedded). " +
 		"The naive baseline is at-least-once: its \"no\" is the doubled effects of duplicates.\n")
 	return b.String()
