@@ -207,7 +207,7 @@ func TestConfigDumpsRedactSecrets(t *testing.T) {
 		"%s": fmt.Sprintf("%s", cfg), "%q password": fmt.Sprintf("%q", cfg.Kafka.SASL.Password),
 		"%+v sasl": fmt.Sprintf("%+v", cfg.Kafka.SASL), "%#v sasl": fmt.Sprintf("%#v", cfg.Kafka.SASL),
 		"%x password": fmt.Sprintf("%x", cfg.Kafka.SASL.Password),
-		"slog text": text.String(), "slog json": js.String(), "json": string(encoded), "json sasl": string(saslJSON),
+		"slog text":   text.String(), "slog json": js.String(), "json": string(encoded), "json sasl": string(saslJSON),
 	}
 	for name, d := range dumps {
 		if strings.Contains(d, "s3cret") || strings.Contains(d, "6b61666b612d73337") { // hex of kafka-s3cret
