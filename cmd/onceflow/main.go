@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
@@ -96,6 +97,10 @@ type app struct {
 	log     *slog.Logger
 	tp      trace.TracerProvider // set by startTracing; nil until then
 	tracing bool
+	// kafkaSecurity are kafka.tls and kafka.sasl as client options; every
+	// client of kafka.brokers takes them (kafkaOptions). They hold the
+	// password: never log them.
+	kafkaSecurity []kgo.Opt
 }
 
 func load(cmd *cobra.Command) (*app, error) {
@@ -107,7 +112,11 @@ func load(cmd *cobra.Command) (*app, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	return &app{cfg: cfg, log: newLogger(cfg.Log)}, nil
+	security, err := cfg.Kafka.ClientOptions()
+	if err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return &app{cfg: cfg, log: newLogger(cfg.Log), kafkaSecurity: security}, nil
 }
 
 func newLogger(c config.Log) *slog.Logger {

@@ -67,6 +67,9 @@ func (a *app) run(ctx context.Context) (err error) {
 	if err := a.whenPostgres(ctx, "migrate", migrateAll); err != nil {
 		return ignoreCanceled(ctx, err)
 	}
+	if err := a.whenKafka(ctx, a.cfg.Kafka.Brokers); err != nil {
+		return ignoreCanceled(ctx, err)
+	}
 	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
 	if err != nil {
 		return err

@@ -42,6 +42,6 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
 		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
 		Logger:           a.log, TracerProvider: tp, OnBatch: m.OnBatch,
-		KafkaOptions: a.kafkaTracing(name),
+		KafkaOptions: a.kafkaOptions(name),
 	}
 }
