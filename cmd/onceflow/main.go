@@ -149,6 +149,9 @@ func (a *app) openPool(ctx context.Context, size int) (*pgxpool.Pool, error) {
 		if pool != nil {
 			pool.Close()
 		}
+		if why := postgresTLSProblem(err); why != "" {
+			return nil, fmt.Errorf("postgres at %s: %s: %s", config.RedactDSN(a.cfg.Postgres.DSN), why, redactErr(err, a.cfg.Postgres.DSN))
+		}
 		return nil, fmt.Errorf("postgres at %s does not answer (%v)\n  start the local cluster with: infra/postgres.sh start",
 			config.RedactDSN(a.cfg.Postgres.DSN), redactErr(err, a.cfg.Postgres.DSN))
 	}

@@ -50,6 +50,8 @@ func (a *app) whenPostgres(ctx context.Context, what string, f func(context.Cont
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case postgresTLSProblem(err) != "":
+			return fmt.Errorf("%s: postgres at %s: %s: %s", what, config.RedactDSN(a.cfg.Postgres.DSN), postgresTLSProblem(err), redactErr(err, a.cfg.Postgres.DSN))
 		case !postgresWaitable(err):
 			return fmt.Errorf("%s: postgres at %s: %s", what, config.RedactDSN(a.cfg.Postgres.DSN), redactErr(err, a.cfg.Postgres.DSN))
 		}

@@ -68,12 +68,8 @@ func (a *app) whenKafka(ctx context.Context, brokers []string) error {
 // configuration error that waiting does not cure, or "" when it may be.
 func (a *app) kafkaMisconfigured(err error) string {
 	var (
-		verify   *tls.CertificateVerificationError
-		unknown  x509.UnknownAuthorityError
-		hostname x509.HostnameError
-		invalid  x509.CertificateInvalidError
-		remote   *net.OpError // a TLS alert from the broker is a "remote error"
-		record   tls.RecordHeaderError
+		remote *net.OpError // a TLS alert from the broker is a "remote error"
+		record tls.RecordHeaderError
 	)
 	s := a.cfg.Kafka.SASL
 	why := ""
@@ -82,7 +78,7 @@ func (a *app) kafkaMisconfigured(err error) string {
 		why = fmt.Sprintf("SASL authentication failed for user %q with %s (check kafka.sasl.username and kafka.sasl.password)", s.Username, s.Mechanism)
 	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
 		why = fmt.Sprintf("SASL mechanism %s is not enabled on the broker (kafka.sasl.mechanism)", s.Mechanism)
-	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &hostname), errors.As(err, &invalid):
+	case certificateUntrusted(err):
 		why = "TLS: the broker's certificate is not trusted (check kafka.tls.ca_file and kafka.tls.server_name)"
 	case errors.As(err, &remote) && remote.Op == "remote error":
 		why = "TLS: the broker refused the handshake (a client certificate it accepts: kafka.tls.cert_file and kafka.tls.key_file)"
@@ -101,4 +97,29 @@ func (a *app) redactKafka(msg string) string {
 		msg = strings.ReplaceAll(msg, pw, "xxxxx")
 	}
 	return msg
+}
+
+// certificateUntrusted reports whether err is a server certificate that
+// failed verification: an unknown CA, another host name, an expired or
+// otherwise invalid certificate. Waiting does not cure it.
+func certificateUntrusted(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
+// postgresTLSProblem says what to check when err is a TLS failure that
+// waiting for Postgres does not cure, or "" when it is not one.
+func postgresTLSProblem(err error) string {
+	switch {
+	case certificateUntrusted(err):
+		return "TLS: the server's certificate is not trusted (check sslrootcert and the host in postgres.dsn)"
+	case strings.Contains(err.Error(), "server refused TLS connection"):
+		return "TLS: the server does not accept TLS (check sslmode in postgres.dsn)"
+	}
+	return ""
 }
