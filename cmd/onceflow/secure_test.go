@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -259,7 +260,8 @@ func TestRunOverSASLSSL(t *testing.T) {
 
 // `onceflow serve` over SASL_SSL (SCRAM-SHA-256, the password from the
 // environment): an order posted to the outbox is relayed to the broker and
-// applied by the four handlers; nothing logged shows the password.
+// applied by the four handlers; nothing logged or served (/metrics,
+// /readyz) shows the password.
 func TestServeOverSASLSSL(t *testing.T) {
 	k := secureBroker(t)
 	dsn := sinktest.DSN(t)
@@ -294,6 +296,23 @@ func TestServeOverSASLSSL(t *testing.T) {
 		t.Fatalf("POST: %d %v", code, body)
 	}
 	s.audit(id, func(a map[string]any) bool { return len(processed(a)) == len(seedHandlers) })
+	for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
+		resp, err := http.Get(s.base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			t.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
+		}
+		if strings.Contains(string(body), k.password) {
+			t.Errorf("GET %s reveals the SASL password", path)
+		}
+	}
 	cancel()
 	if err := sv.wait(); err != nil {
 		t.Errorf("serve: %v", err)
