@@ -89,7 +89,7 @@ func (k *consumerCheck) check() api.Check {
 	return api.Check{Name: "kafka", Ready: func(context.Context) error {
 		c := k.c.Load()
 		if c == nil {
-			return errors.New("the consumer has not started: waiting for postgres")
+			return errors.New("the consumer has not started: waiting for postgres, then for the kafka brokers")
 		}
 		return c.Ready()
 	}}
