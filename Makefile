@@ -5,10 +5,10 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench bench-full chaos chaos-long up down up-postgres up-kafka up-jaeger
+.PHONY: help build demo test test-kfake lint fuzz bench bench-full chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 build: ## build bin/onceflow
 	$(GO) build -o bin/onceflow ./cmd/onceflow
@@ -16,8 +16,9 @@ build: ## build bin/onceflow
 demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
 	$(GO) run ./cmd/onceflow demo $(ARGS)
 
-test: up-postgres up-kafka up-jaeger ## the whole suite, race detector on: real Postgres, kfake and real Kafka, real Jaeger
+test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls ## the whole suite, race detector on: real Postgres (also over TLS), kfake and real Kafka (also over SASL_SSL), real Jaeger
 	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) \
+	ONCEFLOW_TEST_KAFKA_SECURE=$$(infra/kafka-secure.sh client) ONCEFLOW_TEST_POSTGRES_TLS_DSN="$$(infra/postgres-tls.sh dsn)" \
 	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \
 	infra/gotest.sh -race -shuffle=on -count=1 $(PKGS)
 
@@ -49,9 +50,14 @@ up-postgres:
 	@infra/postgres.sh start >/dev/null
 up-kafka:
 	@infra/kafka.sh start >/dev/null
+up-kafka-secure: ## start the SASL_SSL Kafka (generated CA, SCRAM users) on 127.0.0.1:39092
+	@infra/kafka-secure.sh start >/dev/null
+up-postgres-tls: ## start the Postgres cluster that takes only TLS (15 tls, port 5452)
+	@infra/postgres-tls.sh start >/dev/null
 up-jaeger: ## build (first time) and start Jaeger v2 on 127.0.0.1
 	@infra/jaeger.sh start >/dev/null
 
 down: ## stop Kafka and Jaeger (Postgres is the machine's; infra/postgres.sh stop)
 	-@infra/kafka.sh stop
+	-@infra/kafka-secure.sh stop
 	-@infra/jaeger.sh stop

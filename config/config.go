@@ -53,6 +53,9 @@ type Kafka struct {
 	CommitInterval   time.Duration `mapstructure:"commit_interval"`
 	ProduceTimeout   time.Duration `mapstructure:"produce_timeout"`
 	OffsetOutOfRange string        `mapstructure:"offset_out_of_range"`
+	// TLS and SASL reach a secured cluster (security.go).
+	TLS  KafkaTLS  `mapstructure:"tls"`
+	SASL KafkaSASL `mapstructure:"sasl"`
 }
 
 // Batch says when a partition's batch closes.
@@ -74,7 +77,10 @@ type Decode struct {
 
 // Postgres is the sink.
 type Postgres struct {
-	DSN       string        `mapstructure:"dsn"`
+	DSN string `mapstructure:"dsn"`
+	// DSNFile is a file holding the DSN, read into DSN by Load
+	// (security.go). TLS is the DSN's: sslmode=verify-full&sslrootcert=….
+	DSNFile   string        `mapstructure:"dsn_file"`
 	Schema    string        `mapstructure:"schema"`
 	PoolSize  int           `mapstructure:"pool_size"`
 	TxTimeout time.Duration `mapstructure:"tx_timeout"`
@@ -207,8 +213,11 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 	)))
 	if err != nil {
 		problems = append(problems, unmarshalProblems(err, file)...)
-	} else if err := cfg.Validate(); err != nil {
-		problems = append(problems, err)
+	} else {
+		problems = append(problems, cfg.readSecretFiles()...)
+		if err := cfg.Validate(); err != nil {
+			problems = append(problems, err)
+		}
 	}
 	return cfg, errors.Join(problems...)
 }
@@ -290,6 +299,7 @@ func (c Config) Validate() error {
 	if c.Kafka.Group == "" {
 		bad("kafka.group", "is required")
 	}
+	ps = append(ps, c.Kafka.validateSecurity()...)
 	if c.Kafka.SessionTimeout < 100*time.Millisecond {
 		bad("kafka.session_timeout", "%v is below 100ms", c.Kafka.SessionTimeout)
 	}
@@ -328,7 +338,11 @@ func (c Config) Validate() error {
 		bad("decode.max_record_bytes", "must be positive, got %d", c.Decode.MaxRecordBytes)
 	}
 	if _, err := pgx.ParseConfig(c.Postgres.DSN); err != nil {
-		bad("postgres.dsn", "%s is not a valid connection string (postgres://user:password@host:port/db?sslmode=disable)", RedactDSN(c.Postgres.DSN))
+		if why := dsnTLSProblem(err); why != "" {
+			bad("postgres.dsn", "%s: %s", RedactDSN(c.Postgres.DSN), why)
+		} else {
+			bad("postgres.dsn", "%s is not a valid connection string (postgres://user:password@host:port/db?sslmode=disable)", RedactDSN(c.Postgres.DSN))
+		}
 	}
 	if !IsIdentifier(c.Postgres.Schema) {
 		bad("postgres.schema", "%q is not a lower-case SQL identifier", c.Postgres.Schema)
@@ -397,11 +411,22 @@ var topicChars = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 func validTopic(t string) bool { return topicChars.MatchString(t) && t != "." && t != ".." }
 
 // RedactDSN returns dsn with any password replaced by "xxxxx", for logs and
-// errors.
+// errors: the URL's user password and the password and sslpassword
+// parameters. TLS parameters (sslmode, sslrootcert) are kept.
 func RedactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		if u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			}
+		}
+		if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+			for _, k := range []string{"password", "sslpassword"} {
+				if q.Has(k) {
+					q.Set(k, "xxxxx")
+				}
+			}
+			u.RawQuery = q.Encode()
 		}
 		return u.String()
 	}

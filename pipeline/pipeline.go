@@ -58,6 +58,12 @@ type Config struct {
 	// waiting for Postgres as for those; it must be idempotent (Run calls
 	// it at every start, possibly from several processes at once).
 	Migrate migrate.Func
+	// BeforeConsume, if set, is called once Postgres answers and every
+	// migration ran, before the consumer starts: the place for start
+	// checks that need the database or the brokers (waiting for the
+	// brokers, checking credentials, checking SQL against the tables).
+	// Its error ends Run; when ctx ends while it runs, Run returns nil.
+	BeforeConsume func(ctx context.Context) error
 
 	// LRUSize is how many (event, handler) keys known committed the dedup
 	// cache holds; default DefaultLRUSize. Negative disables the cache:
@@ -304,6 +310,15 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 	}
 
+	if r.cfg.BeforeConsume != nil {
+		if err := r.cfg.BeforeConsume(wctx); err != nil {
+			if wctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+
 	cache, err := dedup.New(max(r.cfg.LRUSize, 0))
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)
@@ -330,7 +345,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // ErrNotConsuming is what Ready returns before Run has its consumer: Run
 // is not called yet, or it waits for Postgres or migrates.
-var ErrNotConsuming = errors.New("the consumer has not started: waiting for postgres")
+var ErrNotConsuming = errors.New("the consumer has not started: waiting for postgres and the start checks")
 
 // Ready returns nil when the pipeline consumes and its brokers answered
 // the member's last check (every few seconds), else why not:

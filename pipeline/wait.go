@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,6 +63,8 @@ func (w waiter) wait(ctx context.Context, what string, f func(context.Context) e
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case TLSProblem(err) != "":
+			return fmt.Errorf("%s: postgres at %s: %s: %s", what, w.where, TLSProblem(err), w.redact(err))
 		case !waitable(err):
 			return fmt.Errorf("%s: postgres at %s: %s", what, w.where, w.redact(err))
 		}
@@ -98,4 +102,24 @@ func waitable(err error) bool {
 		}
 	}
 	return sink.IsTransient(err)
+}
+
+// TLSProblem says what to check when err, from connecting to Postgres, is
+// a TLS failure that waiting does not cure — a server certificate that
+// fails verification (an unknown CA, another host name, an expired
+// certificate), a server that refuses TLS — or "" when it is not one.
+func TLSProblem(err error) string {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	switch {
+	case errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid):
+		return "TLS: the server's certificate is not trusted (check sslrootcert and the host in the DSN)"
+	case strings.Contains(err.Error(), "server refused TLS connection"):
+		return "TLS: the server does not accept TLS (check sslmode in the DSN)"
+	}
+	return ""
 }

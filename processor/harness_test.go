@@ -48,6 +48,9 @@ func brokers(t *testing.T) []broker {
 	case os.Getenv("CI") != "" && os.Getenv("ONCEFLOW_TEST_KFAKE_ONLY") == "":
 		t.Fatalf("%s is not set and CI is: the suite must also run on a real Kafka (infra/kafka.sh start)", EnvKafka)
 	}
+	if b, ok := secureBrokerCase(t); ok {
+		bs = append(bs, b)
+	}
 	return bs
 }
 
@@ -91,7 +94,7 @@ func createTopics(t *testing.T, seeds []string, partitions int32, topics ...stri
 // defaults) and deletes it at cleanup.
 func createTopic(t *testing.T, seeds []string, topic string, partitions int32, configs map[string]*string) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	cl, err := seedClient(seeds)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +109,7 @@ func createTopic(t *testing.T, seeds []string, topic string, partitions int32, c
 		t.Fatalf("create topic %s on %v: %v", topic, seeds, err)
 	}
 	t.Cleanup(func() {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+		cl, err := seedClient(seeds)
 		if err != nil {
 			return
 		}
@@ -140,7 +143,7 @@ func newEnv(t *testing.T, b broker, partitions int32) *env {
 }
 
 func (e *env) client(opts ...kgo.Opt) *kgo.Client {
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(e.brokers...), kgo.MetadataMinAge(100 * time.Millisecond)}, opts...)...)
+	cl, err := seedClient(e.brokers, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -201,8 +204,8 @@ func (e *env) config(name string) processor.Config {
 		SessionTimeout:  3 * time.Second, RebalanceTimeout: 5 * time.Second, DrainTimeout: 2 * time.Second,
 		CommitInterval: 200 * time.Millisecond,
 		RetryBackoff:   20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
-		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond),
-			kgo.FetchMaxWait(200 * time.Millisecond)},
+		KafkaOptions: append([]kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond),
+			kgo.FetchMaxWait(200 * time.Millisecond)}, security(e.brokers)...),
 	}
 }
 

@@ -63,11 +63,13 @@ func runMemberProcess() {
 	if err != nil {
 		delay = 10 * time.Millisecond
 	}
+	seeds := strings.Split(os.Getenv("ONCEFLOW_TEST_BROKERS"), ",")
 	c, err := processor.New(processor.Config{
-		Brokers: strings.Split(os.Getenv("ONCEFLOW_TEST_BROKERS"), ","), Topics: []string{topic}, Group: group,
+		Brokers: seeds, Topics: []string{topic}, Group: group,
 		BatchMaxRecords: 50, CommitInterval: time.Hour, Logger: log,
 		SessionTimeout: 3 * time.Second, RebalanceTimeout: 5 * time.Second, DrainTimeout: 2 * time.Second,
-		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond)},
+		KafkaOptions: append([]kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond), kgo.HeartbeatInterval(300 * time.Millisecond)},
+			security(seeds)...),
 	}, slowWriter{w, delay, log})
 	if err != nil {
 		os.Exit(5)

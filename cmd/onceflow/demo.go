@@ -80,6 +80,9 @@ exits 1 unless every effect happened exactly once.`,
 // demo wires the demo: tracing, Postgres, the handlers of the config for
 // the demo's schema, metrics (served when serveMetrics), then demo.Run.
 func (a *app) demo(ctx context.Context, o demo.Options, serveMetrics bool, progress io.Writer) (_ demo.Summary, err error) {
+	// The demo's Kafka is embedded and speaks plaintext: kafka.tls and
+	// kafka.sasl are for kafka.brokers.
+	a.kafkaSecurity = nil
 	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
 		return demo.Summary{}, err

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
@@ -94,6 +95,10 @@ type app struct {
 	log     *slog.Logger
 	tp      trace.TracerProvider // set by startTracing; nil until then
 	tracing bool
+	// kafkaSecurity are kafka.tls and kafka.sasl as client options; every
+	// client of kafka.brokers takes them (kafkaOptions). They hold the
+	// password: never log them.
+	kafkaSecurity []kgo.Opt
 }
 
 func load(cmd *cobra.Command) (*app, error) {
@@ -105,7 +110,11 @@ func load(cmd *cobra.Command) (*app, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	return &app{cfg: cfg, log: newLogger(cfg.Log)}, nil
+	security, err := cfg.Kafka.ClientOptions()
+	if err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return &app{cfg: cfg, log: newLogger(cfg.Log), kafkaSecurity: security}, nil
 }
 
 func newLogger(c config.Log) *slog.Logger {
@@ -128,6 +137,9 @@ func (a *app) openPool(ctx context.Context, size int) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
+		if why := postgresTLSProblem(err); why != "" {
+			return nil, fmt.Errorf("postgres at %s: %s: %s", config.RedactDSN(a.cfg.Postgres.DSN), why, redactErr(err, a.cfg.Postgres.DSN))
+		}
 		return nil, fmt.Errorf("postgres at %s does not answer (%v)\n  start the local cluster with: infra/postgres.sh start",
 			config.RedactDSN(a.cfg.Postgres.DSN), redactErr(err, a.cfg.Postgres.DSN))
 	}

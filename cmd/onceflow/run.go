@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -56,12 +57,26 @@ func (a *app) run(ctx context.Context) (err error) {
 		return err
 	}
 	m := metrics.New()
-	p, err := pipeline.New(a.pipelineConfig(pool, hs, m))
+	cfg := a.pipelineConfig(pool, hs, m)
+	// Once Postgres is ready, the brokers: a refused SASL login or an
+	// untrusted certificate ends run at once, naming the keys to check.
+	var waitingKafka atomic.Bool
+	cfg.BeforeConsume = func(ctx context.Context) error {
+		waitingKafka.Store(true)
+		defer waitingKafka.Store(false)
+		return a.whenKafka(ctx, a.cfg.Kafka.Brokers)
+	}
+	p, err := pipeline.New(cfg)
 	if err != nil {
 		return err
 	}
 	if a.cfg.HTTP.Addr != "" {
-		kafka := api.Check{Name: "kafka", Ready: func(context.Context) error { return p.Ready() }}
+		kafka := api.Check{Name: "kafka", Ready: func(context.Context) error {
+			if waitingKafka.Load() {
+				return errors.New("the consumer has not started: waiting for the kafka brokers")
+			}
+			return p.Ready()
+		}}
 		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka))
 		if err != nil {
 			return err

@@ -103,6 +103,9 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 	if err != nil {
 		return nil, err
 	}
+	if err := a.whenKafka(ctx, brokers); err != nil {
+		return nil, err
+	}
 	m := metrics.New()
 	consumer, err := a.serveConsumer(pool, brokers, m)
 	if err != nil {
@@ -139,6 +142,9 @@ func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
 	if !o.embeddedKafka {
 		return a.cfg.Kafka.Brokers, nil
 	}
+	// The embedded Kafka speaks plaintext: kafka.tls and kafka.sasl are for
+	// kafka.brokers.
+	a.kafkaSecurity = nil
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(max(o.partitions, 1)), a.cfg.Kafka.Topics...),
 		kfake.SeedTopics(1, a.cfg.Kafka.DeadLetterTopic))
 	if err != nil {
@@ -170,7 +176,7 @@ func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Met
 func (a *app) serveRelay(pool *pgxpool.Pool, brokers []string, done *cleanup) (*outbox.Relay, error) {
 	id := a.cfg.Kafka.ClientID + "-relay"
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id),
-		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaTracing(id)...)...)
+		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaOptions(id)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}

@@ -39,24 +39,6 @@ type buildError struct {
 
 func (e *buildError) Error() string { return "go build: " + e.err.Error() + "\n" + e.out }
 
-// lockedBuffer is a process's output, safe to read while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A SIGTERM drains within drain_timeout; a second SIGTERM during the drain
 // ends the process at once, without committing the batch in flight (here
 // held by a lock on a handler's table): nothing of it is in Postgres.
@@ -87,7 +69,7 @@ func TestSecondSignalAbortsTheDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var out lockedBuffer
+	var out syncBuffer
 	cmd := exec.Command(bin, "run", "--brokers", c.ListenAddrs()[0], "--topics", "orders", "--group", "signal-test",
 		"--dsn", dsn, "--schema", schema, "--http-addr", "127.0.0.1:"+strconv.Itoa(freePort(t)))
 	cmd.Env = append(withoutOnceflowEnv(), "ONCEFLOW_DRAIN_TIMEOUT=50s", "ONCEFLOW_KAFKA_REBALANCE_TIMEOUT=60s",

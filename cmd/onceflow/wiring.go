@@ -1,6 +1,8 @@
 package main
 
 import (
+	"slices"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -70,6 +72,7 @@ func (a *app) consumerTuning(name string) processor.Config {
 		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
 		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
+		KafkaOptions:     slices.Clone(a.kafkaSecurity), // tracing is the pipeline's (kotel)
 	}
 }
 
@@ -79,6 +82,6 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 	c := a.consumerTuning(name)
 	c.Brokers, c.Topics, c.Group, c.DeadLetterTopic = brokers, k.Topics, k.Group, k.DeadLetterTopic
 	c.Logger, c.TracerProvider, c.OnBatch = a.log, tp, m.OnBatch
-	c.KafkaOptions = a.kafkaTracing(name)
+	c.KafkaOptions = a.kafkaOptions(name)
 	return c
 }

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/pipeline"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// kafkaOptions are the options of every Kafka client onceflow creates for
+// kafka.brokers, whatever it does (consume, publish dead letters, relay the
+// outbox, administer): kafka.tls and kafka.sasl, then tracing for clientID.
+// The result is the caller's.
+func (a *app) kafkaOptions(clientID string) []kgo.Opt {
+	return append(slices.Clone(a.kafkaSecurity), a.kafkaTracing(clientID)...)
+}
+
+// whenKafka returns once brokers answer a ping over kafka.tls and
+// kafka.sasl, waiting with capped backoff while they are down, and logging
+// that it waits. What waiting cannot cure — SASL authentication refused,
+// a mechanism the broker does not enable, a certificate not trusted, a
+// handshake refused — is returned at once, naming the keys to check; so is
+// ctx's end.
+func (a *app) whenKafka(ctx context.Context, brokers []string) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(a.cfg.Kafka.ClientID + "-check"),
+		kgo.RequestRetries(0)}, a.kafkaSecurity...)...)
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	backoff := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := cl.Ping(pctx)
+		cancel()
+		switch {
+		case err == nil:
+			if attempt > 1 {
+				a.log.Info("kafka brokers answer", "brokers", brokers)
+			}
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		if why := a.kafkaMisconfigured(err); why != "" {
+			return fmt.Errorf("kafka brokers %v: %s", brokers, why)
+		}
+		a.log.Warn("waiting for the kafka brokers", "brokers", brokers, "attempt", attempt, "retry_in", backoff,
+			"err", a.redactKafka(err.Error()))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// kafkaMisconfigured says which settings to check when err is a
+// configuration error that waiting does not cure, or "" when it may be.
+func (a *app) kafkaMisconfigured(err error) string {
+	var (
+		remote *net.OpError // a TLS alert from the broker is a "remote error"
+		record tls.RecordHeaderError
+	)
+	s := a.cfg.Kafka.SASL
+	why := ""
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
+		why = fmt.Sprintf("SASL authentication failed for user %q with %s (check kafka.sasl.username and kafka.sasl.password)", s.Username, s.Mechanism)
+	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+		why = fmt.Sprintf("SASL mechanism %s is not enabled on the broker (kafka.sasl.mechanism)", s.Mechanism)
+	case certificateUntrusted(err):
+		why = "TLS: the broker's certificate is not trusted (check kafka.tls.ca_file and kafka.tls.server_name)"
+	case errors.As(err, &remote) && remote.Op == "remote error":
+		why = "TLS: the broker refused the handshake (a client certificate it accepts: kafka.tls.cert_file and kafka.tls.key_file)"
+	case errors.As(err, &record):
+		why = "TLS: the broker does not speak TLS on this address (kafka.tls.enabled, kafka.brokers)"
+	default:
+		return ""
+	}
+	return why + ": " + a.redactKafka(err.Error())
+}
+
+// redactKafka removes the SASL password from msg, should a broker's message
+// ever quote it.
+func (a *app) redactKafka(msg string) string {
+	if pw := a.cfg.Kafka.SASL.Password.Reveal(); pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return msg
+}
+
+// certificateUntrusted reports whether err is a server certificate that
+// failed verification: an unknown CA, another host name, an expired or
+// otherwise invalid certificate. Waiting does not cure it.
+func certificateUntrusted(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid)
+}
+
+// postgresTLSProblem says what to check when err is a TLS failure that
+// waiting for Postgres does not cure, or "" when it is not one.
+func postgresTLSProblem(err error) string {
+	return strings.ReplaceAll(pipeline.TLSProblem(err), "the DSN", "postgres.dsn")
+}
