@@ -67,6 +67,10 @@ func (a *app) run(ctx context.Context) (err error) {
 	if err := a.whenPostgres(ctx, "migrate", migrateAll); err != nil {
 		return ignoreCanceled(ctx, err)
 	}
+	checkSQL := func(ctx context.Context) error { return a.checkSQLHandlers(ctx, pool) }
+	if err := a.whenPostgres(ctx, "check sql_handlers", checkSQL); err != nil {
+		return ignoreCanceled(ctx, err)
+	}
 	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
 	if err != nil {
 		return err

@@ -18,11 +18,18 @@ func (a *app) writerConfig(schema string, tp trace.TracerProvider) sink.Config {
 }
 
 // newWriter builds the sink writer for schema from the config, with the
-// handlers the config names.
+// handlers the config names, then those of sql_handlers.
 func (a *app) newWriter(pool *pgxpool.Pool, schema string, cache *dedup.Cache, tp trace.TracerProvider) (*sink.Writer, error) {
 	hs, err := registry.build(schema, a.cfg.Handlers)
 	if err != nil {
 		return nil, err
+	}
+	shs, err := a.sqlHandlers()
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range shs {
+		hs = append(hs, h)
 	}
 	cfg := a.writerConfig(schema, tp)
 	cfg.Handlers, cfg.Cache = hs, cache
@@ -35,7 +42,8 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 	return processor.Config{
 		Brokers: brokers, Topics: k.Topics, Group: k.Group, ClientID: name,
 		BatchMaxRecords: a.cfg.Batch.MaxRecords, BatchMaxBytes: a.cfg.Batch.MaxBytes, BatchLinger: a.cfg.Batch.Linger,
-		Decode:          processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
+		Decode: processor.DecodeConfig{Format: processor.Format(a.cfg.Decode.Format), IDSource: processor.IDSource(a.cfg.Decode.EventIDSource),
+			IDHeader: a.cfg.Decode.EventIDHeader, IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
 		DeadLetterTopic: k.DeadLetterTopic,
 		CommitInterval:  k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
 		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
