@@ -256,3 +256,20 @@ func TestRedactDSN(t *testing.T) {
 		}
 	}
 }
+
+// The documented example loads as it is, and names every key.
+func TestExampleConfigLoads(t *testing.T) {
+	if _, err := Load("../config.example.yaml", nil, nil, handlers); err != nil {
+		t.Fatalf("config.example.yaml: %v", err)
+	}
+	body, err := os.ReadFile("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range Keys() {
+		leaf := k[strings.LastIndex(k, ".")+1:]
+		if !strings.Contains(string(body), leaf+":") {
+			t.Errorf("config.example.yaml does not document %s", k)
+		}
+	}
+}
