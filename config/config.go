@@ -35,9 +35,9 @@ type Config struct {
 	Handlers []string `mapstructure:"handlers"`
 	// SQLHandlers are handlers written in SQL, applied besides Handlers.
 	SQLHandlers []SQLHandler `mapstructure:"sql_handlers"`
-	Bus      string   `mapstructure:"bus"`
-	Log      Log      `mapstructure:"log"`
-	HTTP     HTTP     `mapstructure:"http"`
+	Bus         string       `mapstructure:"bus"`
+	Log         Log          `mapstructure:"log"`
+	HTTP        HTTP         `mapstructure:"http"`
 	// DrainTimeout bounds finishing in-flight batches on SIGTERM or a
 	// revoke; what is left is then aborted (rolled back).
 	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
