@@ -33,11 +33,11 @@ type Config struct {
 	Postgres Postgres `mapstructure:"postgres"`
 	Dedup    Dedup    `mapstructure:"dedup"`
 	Handlers []string `mapstructure:"handlers"`
+	Bus      string   `mapstructure:"bus"`
+	Log      Log      `mapstructure:"log"`
+	HTTP     HTTP     `mapstructure:"http"`
 	// SQLHandlers are handlers written in SQL, applied besides Handlers.
 	SQLHandlers []SQLHandler `mapstructure:"sql_handlers"`
-	Bus         string       `mapstructure:"bus"`
-	Log         Log          `mapstructure:"log"`
-	HTTP        HTTP         `mapstructure:"http"`
 	// DrainTimeout bounds finishing in-flight batches on SIGTERM or a
 	// revoke; what is left is then aborted (rolled back).
 	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
