@@ -444,6 +444,13 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	if len(c.Handlers) == 0 && len(c.SQLHandlers) > 0 {
+		for _, t := range c.Kafka.Topics {
+			if !slices.ContainsFunc(c.SQLHandlers, func(h SQLHandler) bool { return len(h.Topics) == 0 || slices.Contains(h.Topics, t) }) {
+				bad("kafka.topics", "no handler consumes %q: its records would be skipped (add it to an sql_handlers item's topics)", t)
+			}
+		}
+	}
 	if c.Bus == "" {
 		bad("bus", "is required")
 	}

@@ -273,3 +273,19 @@ func TestExampleConfigLoads(t *testing.T) {
 		}
 	}
 }
+
+// With only SQL handlers, a consumed topic none of them takes is a problem:
+// its records would be skipped.
+func TestLoadTopicWithoutHandler(t *testing.T) {
+	file := writeFile(t, `kafka:
+  topics: [payments, refunds]
+sql_handlers:
+  - name: ledger
+    topics: [payments]
+    sql: SELECT 1 FROM events
+`)
+	_, err := Load(file, nil, nil, handlers)
+	if want := `kafka.topics: no handler consumes "refunds"`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error = %v, want it to mention %q", err, want)
+	}
+}

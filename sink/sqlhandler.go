@@ -100,8 +100,9 @@ func (h *SQLHandler) Apply(ctx context.Context, tx pgx.Tx, events []Event) error
 	return err
 }
 
-// Querier is what [SQLHandler.Check] needs: a pool, a connection.
-type Querier interface {
+// TxBeginner is what [SQLHandler.Check] needs: a *pgxpool.Pool or a
+// *pgx.Conn.
+type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -111,7 +112,7 @@ type Querier interface {
 // resolved and its privileges checked, without running it. The error, a
 // *SQLError, names the handler and carries Postgres' message with its
 // position in the configured SQL.
-func (h *SQLHandler) Check(ctx context.Context, db Querier) error {
+func (h *SQLHandler) Check(ctx context.Context, db TxBeginner) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("check handler %q: %w", h.name, err)

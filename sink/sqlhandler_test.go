@@ -121,13 +121,14 @@ func deref(s *string) string {
 	return *s
 }
 
-// A cast that fails for one event dead-letters that event alone: its
-// neighbours apply, once each, and a redelivered batch applies nothing
-// again. The effects table has no unique key, so a double apply shows.
-func TestSQLHandlerIsolatesFailedCast(t *testing.T) {
+// A cast that fails for one event, and a constraint another violates,
+// dead-letter those two events alone: their neighbours apply, once each,
+// and a redelivered batch applies nothing again. The effects table has no
+// unique key, so a double apply shows.
+func TestSQLHandlerIsolatesDataErrors(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool)
-	exec(t, pool, `CREATE TABLE `+schema+`.shipments (event_id uuid, user_id bigint, items int)`)
+	exec(t, pool, `CREATE TABLE `+schema+`.shipments (event_id uuid, user_id bigint CHECK (user_id >= 0), items int)`)
 	h := newSQLHandler(t, sink.SQLHandlerConfig{Name: "shipments", SQL: `
 -- one row per order
 WITH sized AS (SELECT event_id, payload, jsonb_array_length(payload->'items') AS n FROM events)
@@ -137,41 +138,55 @@ SELECT event_id, (payload->>'user_id')::bigint, n FROM sized;`})
 		t.Fatalf("Check: %v", err)
 	}
 	w, epoch := sqlWriter(t, pool, schema, "orders", h)
-	const n, bad = 50, 23
+	const n, badCast, badCheck = 50, 23, 41
 	ids := make([]uuid.UUID, n)
 	vals := make([][]byte, n)
 	for i := range n {
 		ids[i] = uuid.New()
 		vals[i] = fmt.Appendf(nil, `{"user_id":%d,"items":["A","B"]}`, i)
 	}
-	vals[bad] = []byte(`{"user_id":"five","items":["A"]}`)
+	vals[badCast] = []byte(`{"user_id":"five","items":["A"]}`)
+	vals[badCheck] = []byte(`{"user_id":-1,"items":["A"]}`)
 	b := &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: n, Events: events(0, ids, vals)}
 	res, err := w.Write(t.Context(), b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Applied != n-1 || res.DeadLetters != 1 || len(res.Rejected) != 1 || res.Rejected[0].EventID.UUID != ids[bad] {
-		t.Fatalf("result = %+v, want %d applied and event %d (%s) dead-lettered", res, n-1, bad, ids[bad])
+	if res.Applied != n-2 || res.DeadLetters != 2 || len(res.Rejected) != 2 {
+		t.Fatalf("result = %+v, want %d applied and 2 dead letters", res, n-2)
 	}
-	if !strings.Contains(res.Rejected[0].Reason, "22P02") {
-		t.Errorf("dead letter reason = %q, want the SQLSTATE 22P02 of the failed cast", res.Rejected[0].Reason)
+	reasons := map[uuid.UUID]string{}
+	for _, d := range res.Rejected {
+		reasons[d.EventID.UUID] = d.Reason
+	}
+	for _, tc := range []struct {
+		event int
+		state string
+	}{{badCast, "22P02"}, {badCheck, "23514"}} {
+		if r, ok := reasons[ids[tc.event]]; !ok || !strings.Contains(r, tc.state) {
+			t.Errorf("dead letter of event %d: reason %q (found %v), want SQLSTATE %s", tc.event, r, ok, tc.state)
+		}
 	}
 	// The same records again, as after a rebalance: nothing applies twice.
 	b2 := &sink.Batch{Topic: "orders", Epoch: epoch, Fence: n, NextOffset: 2 * n, Events: events(n, ids, vals)}
 	if _, err := w.Write(t.Context(), b2); err != nil {
 		t.Fatal(err)
 	}
-	if got := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.shipments`); got != n-1 {
-		t.Errorf("%d shipments, want %d", got, n-1)
-	}
-	if got := sinktest.Count(t, pool, `SELECT count(DISTINCT event_id) FROM `+schema+`.shipments`); got != n-1 {
-		t.Errorf("%d distinct events in shipments, want %d", got, n-1)
-	}
-	if got := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.shipments WHERE event_id = $1`, ids[bad]); got != 0 {
-		t.Errorf("the bad event has %d shipments, want 0", got)
-	}
-	if got := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1`, ids[bad]); got != 2 {
-		t.Errorf("the bad event has %d dead letters, want 2 (one per delivery)", got)
+	bad := []uuid.UUID{ids[badCast], ids[badCheck]}
+	for _, tc := range []struct {
+		name string
+		sql  string
+		args []any
+		want int64
+	}{
+		{"shipments", `SELECT count(*) FROM ` + schema + `.shipments`, nil, n - 2},
+		{"distinct events in shipments", `SELECT count(DISTINCT event_id) FROM ` + schema + `.shipments`, nil, n - 2},
+		{"shipments of the bad events", `SELECT count(*) FROM ` + schema + `.shipments WHERE event_id = ANY($1)`, []any{bad}, 0},
+		{"dead letters of the bad events", `SELECT count(*) FROM ` + schema + `.dead_letters WHERE event_id = ANY($1)`, []any{bad}, 4}, // one per delivery
+	} {
+		if got := sinktest.Count(t, pool, tc.sql, tc.args...); got != tc.want {
+			t.Errorf("%s = %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -288,7 +303,7 @@ func TestNewSQLHandlerValidates(t *testing.T) {
 	}
 }
 
-var _ sink.Querier = (*pgxpool.Pool)(nil)
+var _ sink.TxBeginner = (*pgxpool.Pool)(nil)
 
 // BenchmarkSQLHandlerApply measures one SQL handler applying batches of
 // 1000 events to a narrow table, one transaction per batch. (The other
