@@ -190,6 +190,36 @@ SELECT event_id, (payload->>'user_id')::bigint, n FROM sized;`})
 	}
 }
 
+// An upsert that reaches the same row for two events of a batch fails as
+// a whole (SQLSTATE 21000, a data error); the Writer then applies the
+// batch in parts, so every event applies once and none is a dead letter.
+func TestSQLHandlerUpsertSameRowTwice(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	exec(t, pool, `CREATE TABLE `+schema+`.balances (account text PRIMARY KEY, total bigint)`)
+	h := newSQLHandler(t, sink.SQLHandlerConfig{Name: "balances", SQL: `INSERT INTO ` + schema + `.balances
+SELECT payload->>'account', (payload->>'amount')::bigint FROM events
+ON CONFLICT (account) DO UPDATE SET total = balances.total + excluded.total`})
+	w, epoch := sqlWriter(t, pool, schema, "orders", h)
+	const n = 8
+	ids := make([]uuid.UUID, n)
+	vals := make([][]byte, n)
+	for i := range n {
+		ids[i] = uuid.New()
+		vals[i] = fmt.Appendf(nil, `{"account":"acct-%d","amount":%d}`, i%3, i)
+	}
+	res, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: n, Events: events(0, ids, vals)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Applied != n || res.DeadLetters != 0 || res.Attempts != 2 {
+		t.Errorf("result = %+v, want %d applied, no dead letter, in 2 attempts", res, n)
+	}
+	if got := sinktest.Count(t, pool, `SELECT sum(total)::bigint FROM `+schema+`.balances`); got != n*(n-1)/2 {
+		t.Errorf("sum of balances = %d, want %d", got, n*(n-1)/2)
+	}
+}
+
 // A handler limited to some topics neither claims nor applies events of
 // another: no processed_events row is written for it, while a handler of
 // every topic applies them.
