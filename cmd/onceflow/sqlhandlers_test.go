@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
@@ -317,5 +318,116 @@ sql_handlers:
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("run error does not mention %q:\n%v", want, err)
 		}
+	}
+}
+
+// With decode.format bytes and event ids derived from offsets, a SQL
+// handler sees raw values, keys and headers; a second consumer group
+// reading the same records again (a replay: the same records redelivered)
+// applies nothing twice.
+func TestRunRawValuesWithOffsetIDs(t *testing.T) {
+	dsn := sinktest.DSN(t)
+	pool := sinktest.Pool(t)
+	for name, start := range testBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			seeds := start(t)
+			schema := freshSchema(t, pool, "test_sqlh_")
+			topic := "raw-" + randomHex(4)
+			createTopic(t, seeds, topic, 1)
+			if _, err := pool.Exec(t.Context(), `CREATE SCHEMA `+schema+`;
+CREATE TABLE `+schema+`.raw (event_id uuid, value bytea, key text, h text, kafka_offset bigint, payload jsonb)`); err != nil {
+				t.Fatal(err)
+			}
+			const n = 5
+			cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			for i := range n {
+				r := &kgo.Record{Topic: topic, Value: []byte{0, 0xff, byte('a' + i)}, Key: []byte(fmt.Sprintf("k%d", i)),
+					Headers: []kgo.RecordHeader{{Key: "h", Value: []byte(fmt.Sprintf("v%d", i))}}}
+				if err := cl.ProduceSync(t.Context(), r).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			config := filepath.Join(t.TempDir(), "onceflow.yaml")
+			writeConfig(t, config, fmt.Sprintf(`kafka:
+  brokers: [%s]
+  topics: [%s]
+  dead_letter_topic: ""
+postgres:
+  dsn: %s
+  schema: %s
+http:
+  addr: ""
+log:
+  level: warn
+decode:
+  format: bytes
+  event_id_source: offset
+sql_handlers:
+  - name: raw
+    sql: |
+      INSERT INTO %s.raw
+      SELECT event_id, value, convert_from(key, 'UTF8'), headers->>'h', "offset", payload FROM events
+`, strings.Join(seeds, ", "), topic, dsn, schema, schema))
+			for _, group := range []string{"first-" + topic, "replay-" + topic} {
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				root := newRoot()
+				root.SetOut(io.Discard)
+				var stderr bytes.Buffer
+				root.SetErr(&stderr)
+				root.SetArgs([]string{"run", "--config", config, "--group", group})
+				go func() { done <- root.ExecuteContext(ctx) }()
+				waitGroupApplied(t, pool, schema, group, n, done)
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatalf("run (group %s): %v", group, err)
+				}
+			}
+			if got := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.raw`); got != n {
+				t.Errorf("%d rows, want %d: each record once over two groups", got, n)
+			}
+			var id [16]byte
+			var value []byte
+			var key, h string
+			var payload *string
+			if err := pool.QueryRow(t.Context(), `SELECT event_id, value, key, h, payload::text FROM `+schema+`.raw WHERE kafka_offset = 2`).
+				Scan(&id, &value, &key, &h, &payload); err != nil {
+				t.Fatal(err)
+			}
+			if want := processor.OffsetID(topic, 0, 2); id != want {
+				t.Errorf("event_id = %x, want OffsetID(%s, 0, 2) = %s", id, topic, want)
+			}
+			if !bytes.Equal(value, []byte{0, 0xff, 'c'}) || key != "k2" || h != "v2" || payload != nil {
+				t.Errorf("row = value %x key %s header %s payload %v, want 00ff63 k2 v2 NULL", value, key, h, payload)
+			}
+		})
+	}
+}
+
+// waitGroupApplied waits until group's stored offsets add up to records,
+// failing if run returns first or it takes over 60s.
+func waitGroupApplied(t *testing.T, pool *pgxpool.Pool, schema, group string, records int, done chan error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var got int64
+		_ = pool.QueryRow(t.Context(), `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets WHERE consumer_group = $1`,
+			group).Scan(&got)
+		if got >= int64(records) {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned early: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s stored offsets for %d of %d records in 60s", group, got, records)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
