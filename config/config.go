@@ -36,6 +36,8 @@ type Config struct {
 	Bus      string   `mapstructure:"bus"`
 	Log      Log      `mapstructure:"log"`
 	HTTP     HTTP     `mapstructure:"http"`
+	// SQLHandlers are handlers written in SQL, applied besides Handlers.
+	SQLHandlers []SQLHandler `mapstructure:"sql_handlers"`
 	// DrainTimeout bounds finishing in-flight batches on SIGTERM or a
 	// revoke; what is left is then aborted (rolled back).
 	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
@@ -69,10 +71,22 @@ type Batch struct {
 	MaxRetryBackoff time.Duration `mapstructure:"max_retry_backoff"`
 }
 
-// Decode says where the event id is and how large a record may be.
+// Decode says how values are read, where the event id is and how large a
+// record may be.
 type Decode struct {
+	Format         string `mapstructure:"format"`          // json or bytes
+	EventIDSource  string `mapstructure:"event_id_source"` // header, field, key or offset
+	EventIDHeader  string `mapstructure:"event_id_header"`
 	EventIDField   string `mapstructure:"event_id_field"`
 	MaxRecordBytes int    `mapstructure:"max_record_bytes"`
+}
+
+// SQLHandler is one item of sql_handlers: a handler whose effects are one
+// SQL statement per batch over the relation events (see sink.SQLHandler).
+type SQLHandler struct {
+	Name   string   `mapstructure:"name"`   // its processed_events.handler value
+	SQL    string   `mapstructure:"sql"`    // one statement
+	Topics []string `mapstructure:"topics"` // empty: every topic of kafka.topics
 }
 
 // Postgres is the sink.
@@ -125,6 +139,9 @@ var defaults = map[string]any{
 	"batch.retry_backoff":       processor.DefaultRetryBackoff,
 	"batch.max_retry_backoff":   processor.DefaultMaxRetryBackoff,
 	"drain_timeout":             processor.DefaultDrainTimeout,
+	"decode.format":             string(processor.FormatJSON),
+	"decode.event_id_source":    string(processor.IDFromHeader),
+	"decode.event_id_header":    processor.HeaderEventID,
 	"decode.event_id_field":     "",
 	"decode.max_record_bytes":   1 << 20,
 	"postgres.dsn":              DefaultDSN,
@@ -134,6 +151,7 @@ var defaults = map[string]any{
 	"postgres.call_timeout":     processor.DefaultCallTimeout,
 	"dedup.lru_size":            100000,
 	"handlers":                  []string{}, // the program's Default: every Go handler it registers
+	"sql_handlers":              []map[string]any{},
 	"bus":                       "kafka",
 	"log.level":                 "info",
 	"log.format":                "text",
@@ -211,6 +229,11 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		mapstructure.StringToTimeDurationHookFunc(),
 		mapstructure.StringToSliceHookFunc(","),
 	)))
+	if err == nil && len(cfg.SQLHandlers) > 0 && !explicit(v, flags, binds, "handlers") {
+		// The program's default handlers run only where the user
+		// configured no handler at all.
+		cfg.Handlers = nil
+	}
 	if err != nil {
 		problems = append(problems, unmarshalProblems(err, file)...)
 	} else {
@@ -220,6 +243,25 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		}
 	}
 	return cfg, errors.Join(problems...)
+}
+
+// explicit reports whether the user set key: in the file, the environment
+// or a flag, rather than leaving it to a default.
+func explicit(v *viper.Viper, flags *pflag.FlagSet, binds []Flag, key string) bool {
+	if v.InConfig(key) {
+		return true
+	}
+	if _, ok := os.LookupEnv(EnvName(key)); ok {
+		return true
+	}
+	for _, b := range binds {
+		if b.Key == key && flags != nil {
+			if f := flags.Lookup(b.Name); f != nil && f.Changed {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // unknownEnv reports ONCEFLOW_* variables that name no key (ONCEFLOW_TEST_*
@@ -334,6 +376,28 @@ func (c Config) Validate() error {
 	if c.Batch.MaxRetryBackoff < c.Batch.RetryBackoff {
 		bad("batch.max_retry_backoff", "%v is shorter than batch.retry_backoff %v", c.Batch.MaxRetryBackoff, c.Batch.RetryBackoff)
 	}
+	if c.Decode.Format != string(processor.FormatJSON) && c.Decode.Format != string(processor.FormatBytes) {
+		bad("decode.format", "%q is not %s or %s", c.Decode.Format, processor.FormatJSON, processor.FormatBytes)
+	}
+	switch src := processor.IDSource(c.Decode.EventIDSource); src {
+	case processor.IDFromHeader, processor.IDFromKey, processor.IDFromOffset:
+		if src == processor.IDFromHeader && c.Decode.EventIDHeader == "" {
+			bad("decode.event_id_header", "is required with decode.event_id_source %s", src)
+		}
+		if c.Decode.EventIDField != "" {
+			bad("decode.event_id_field", "%q is set but decode.event_id_source is %s (set event_id_source: field to read the id from the JSON value)",
+				c.Decode.EventIDField, src)
+		}
+	case processor.IDFromField:
+		if c.Decode.EventIDField == "" {
+			bad("decode.event_id_field", "is required with decode.event_id_source %s", src)
+		}
+		if c.Decode.Format == string(processor.FormatBytes) {
+			bad("decode.event_id_source", "%s needs decode.format json, not bytes", src)
+		}
+	default:
+		bad("decode.event_id_source", "%q is not one of header, field, key, offset", c.Decode.EventIDSource)
+	}
 	if c.Decode.MaxRecordBytes < 1 {
 		bad("decode.max_record_bytes", "must be positive, got %d", c.Decode.MaxRecordBytes)
 	}
@@ -361,8 +425,8 @@ func (c Config) Validate() error {
 	}
 	// Which names exist is the program's to say, where it builds the
 	// handlers; here only the list's shape.
-	if len(c.Handlers) == 0 {
-		bad("handlers", "at least one handler is required")
+	if len(c.Handlers) == 0 && len(c.SQLHandlers) == 0 {
+		bad("handlers", "at least one handler is required (in handlers or sql_handlers)")
 	}
 	seen := map[string]bool{}
 	for _, h := range c.Handlers {
@@ -373,6 +437,33 @@ func (c Config) Validate() error {
 			bad("handlers", "handler %q listed twice", h)
 		}
 		seen[h] = true
+	}
+	for i, h := range c.SQLHandlers {
+		key := fmt.Sprintf("sql_handlers[%d]", i)
+		switch {
+		case h.Name == "":
+			bad(key+".name", "is required")
+		case slices.Contains(c.Handlers, h.Name):
+			bad(key+".name", "%q is also in handlers: names are unique across handlers and sql_handlers", h.Name)
+		case seen[h.Name]:
+			bad(key+".name", "%q is used twice", h.Name)
+		}
+		seen[h.Name] = true
+		if strings.TrimSpace(h.SQL) == "" {
+			bad(key+".sql", "is required: one SQL statement over the relation events")
+		}
+		for _, t := range h.Topics {
+			if !slices.Contains(c.Kafka.Topics, t) {
+				bad(key+".topics", "%q is not a consumed topic (kafka.topics: %s)", t, strings.Join(c.Kafka.Topics, ", "))
+			}
+		}
+	}
+	if len(c.Handlers) == 0 && len(c.SQLHandlers) > 0 {
+		for _, t := range c.Kafka.Topics {
+			if !slices.ContainsFunc(c.SQLHandlers, func(h SQLHandler) bool { return len(h.Topics) == 0 || slices.Contains(h.Topics, t) }) {
+				bad("kafka.topics", "no handler consumes %q: its records would be skipped (add it to an sql_handlers item's topics)", t)
+			}
+		}
 	}
 	if c.Bus == "" {
 		bad("bus", "is required")

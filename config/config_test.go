@@ -126,6 +126,125 @@ func TestLoadListsEveryProblem(t *testing.T) {
 	}
 }
 
+// sql_handlers are read with their topics; when the user sets no
+// handlers, the program's default handlers do not run beside them.
+func TestLoadSQLHandlers(t *testing.T) {
+	body := `kafka:
+  topics: [payments, refunds]
+sql_handlers:
+  - name: ledger
+    topics: [payments]
+    sql: |
+      INSERT INTO ledger SELECT event_id FROM events
+  - name: audit
+    sql: INSERT INTO audit SELECT event_id FROM events
+decode:
+  format: bytes
+  event_id_source: offset
+`
+	for _, tc := range []struct {
+		name     string
+		extra    string
+		handlers []string
+	}{
+		{"handlers unset", "", nil},
+		{"handlers empty", "handlers: []\n", nil},
+		{"handlers set", "handlers: [emailHandler]\n", []string{"emailHandler"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(writeFile(t, body+tc.extra), nil, nil, handlers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(cfg.Handlers, ",") != strings.Join(tc.handlers, ",") {
+				t.Errorf("handlers = %v, want %v", cfg.Handlers, tc.handlers)
+			}
+			if len(cfg.SQLHandlers) != 2 || cfg.SQLHandlers[0].Name != "ledger" || strings.Join(cfg.SQLHandlers[0].Topics, ",") != "payments" ||
+				!strings.HasPrefix(cfg.SQLHandlers[0].SQL, "INSERT INTO ledger") || len(cfg.SQLHandlers[1].Topics) != 0 {
+				t.Errorf("sql_handlers = %+v", cfg.SQLHandlers)
+			}
+			if cfg.Decode.Format != "bytes" || cfg.Decode.EventIDSource != "offset" || cfg.Decode.EventIDHeader != "event_id" {
+				t.Errorf("decode = %+v", cfg.Decode)
+			}
+		})
+	}
+}
+
+func TestLoadSQLHandlerProblems(t *testing.T) {
+	file := writeFile(t, `kafka:
+  topics: [orders]
+handlers: [emailHandler]
+sql_handlers:
+  - name: emailHandler
+    sql: SELECT 1
+  - name: dup
+    sql: SELECT 1
+  - name: dup
+    sql: " "
+    topics: [ordres]
+  - sql: SELECT 1
+    topic: [orders]
+decode:
+  format: avro
+  event_id_source: body
+`)
+	_, err := Load(file, nil, nil, handlers)
+	if err == nil {
+		t.Fatal("Load accepted an invalid config")
+	}
+	// The misspelled item key is a decoding problem, reported alone.
+	if !strings.Contains(err.Error(), "'sql_handlers[3]' has invalid keys: topic") {
+		t.Errorf("error does not mention the misspelled key topic:\n%v", err)
+	}
+	file = writeFile(t, `kafka:
+  topics: [orders]
+handlers: [emailHandler]
+sql_handlers:
+  - name: emailHandler
+    sql: SELECT 1
+  - name: dup
+    sql: SELECT 1
+  - name: dup
+    sql: " "
+    topics: [ordres]
+  - sql: SELECT 1
+decode:
+  format: avro
+  event_id_source: body
+`)
+	_, err = Load(file, nil, nil, handlers)
+	if err == nil {
+		t.Fatal("Load accepted an invalid config")
+	}
+	for _, w := range []string{
+		`sql_handlers[0].name: "emailHandler" is also in handlers`,
+		`sql_handlers[2].name: "dup" is used twice`,
+		`sql_handlers[2].sql: is required`,
+		`sql_handlers[2].topics: "ordres" is not a consumed topic`,
+		`sql_handlers[3].name: is required`,
+		`decode.format: "avro" is not json or bytes`,
+		`decode.event_id_source: "body" is not one of header, field, key, offset`,
+	} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not mention %q:\n%v", w, err)
+		}
+	}
+}
+
+func TestLoadDecodeProblems(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"decode:\n  event_id_field: id\n", `decode.event_id_field: "id" is set but decode.event_id_source is header`},
+		{"decode:\n  event_id_source: field\n", "decode.event_id_field: is required with decode.event_id_source field"},
+		{"decode:\n  event_id_source: field\n  event_id_field: id\n  format: bytes\n", "decode.event_id_source: field needs decode.format json"},
+		{"decode:\n  event_id_header: \"\"\n", "decode.event_id_header: is required"},
+	} {
+		_, err := Load(writeFile(t, tc.file), nil, nil, handlers)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error = %v, want it to mention %q", tc.file, err, tc.want)
+		}
+	}
+}
+
 func TestRedactDSN(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"postgres://u:pw@h:5432/db?sslmode=disable", "postgres://u:xxxxx@h:5432/db?sslmode=disable"},
@@ -135,5 +254,38 @@ func TestRedactDSN(t *testing.T) {
 		if got := RedactDSN(tc.in); got != tc.want {
 			t.Errorf("RedactDSN(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// The documented example loads as it is, and names every key.
+func TestExampleConfigLoads(t *testing.T) {
+	if _, err := Load("../config.example.yaml", nil, nil, handlers); err != nil {
+		t.Fatalf("config.example.yaml: %v", err)
+	}
+	body, err := os.ReadFile("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range Keys() {
+		leaf := k[strings.LastIndex(k, ".")+1:]
+		if !strings.Contains(string(body), leaf+":") {
+			t.Errorf("config.example.yaml does not document %s", k)
+		}
+	}
+}
+
+// With only SQL handlers, a consumed topic none of them takes is a problem:
+// its records would be skipped.
+func TestLoadTopicWithoutHandler(t *testing.T) {
+	file := writeFile(t, `kafka:
+  topics: [payments, refunds]
+sql_handlers:
+  - name: ledger
+    topics: [payments]
+    sql: SELECT 1 FROM events
+`)
+	_, err := Load(file, nil, nil, handlers)
+	if want := `kafka.topics: no handler consumes "refunds"`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error = %v, want it to mention %q", err, want)
 	}
 }

@@ -38,7 +38,7 @@ type Config struct {
 	BatchMaxBytes   int           // or at this many value bytes; default 4 MiB
 	BatchLinger     time.Duration // or this long after its first record; default 50ms
 
-	Decode DecodeConfig // event id location and record size limit
+	Decode DecodeConfig // value format, event id source, record size limit
 
 	// DeadLetterTopic receives a copy of every dead letter, with headers
 	// reason, topic, partition, offset and event_id, published
@@ -193,8 +193,8 @@ func (c Config) Validate() error {
 	if c.OffsetOutOfRange != ResumeAtLogStart && c.OffsetOutOfRange != PauseOnOutOfRange {
 		bad("OffsetOutOfRange %q is not %q or %q", c.OffsetOutOfRange, ResumeAtLogStart, PauseOnOutOfRange)
 	}
-	if c.Decode.MaxBytes < 0 {
-		bad("Decode.MaxBytes %d is negative", c.Decode.MaxBytes)
+	if err := c.Decode.Validate(); err != nil {
+		ps = append(ps, err)
 	}
 	return errors.Join(ps...)
 }

@@ -3,7 +3,9 @@ package processor
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -15,13 +17,121 @@ import (
 // HeaderEventID is the record header that carries the event id by default.
 const HeaderEventID = wire.HeaderEventID
 
-// DecodeConfig says where a record's event id is and how large a record may be.
+// Format is how a record's value is read.
+type Format string
+
+const (
+	// FormatJSON requires a JSON value that Postgres can store as jsonb: it
+	// becomes the event's payload. A record whose value is not such JSON
+	// is a dead letter.
+	FormatJSON Format = "json"
+	// FormatBytes takes the value as it is, unchecked (an empty or null
+	// value included): SQL handlers see it as value bytea and a NULL
+	// payload.
+	FormatBytes Format = "bytes"
+)
+
+// IDSource is where a record's event id comes from. Whatever the source,
+// the id is a UUID; it is the dedup key with the handler's name.
+type IDSource string
+
+const (
+	// IDFromHeader reads the id from a header (DecodeConfig.IDHeader,
+	// default event_id) holding a UUID in its canonical 36-character form.
+	IDFromHeader IDSource = "header"
+	// IDFromField reads the id from a top-level string field of the JSON
+	// value (DecodeConfig.IDField); it needs FormatJSON.
+	IDFromField IDSource = "field"
+	// IDFromKey reads the id from the record key, a canonical UUID text.
+	IDFromKey IDSource = "key"
+	// IDFromOffset derives the id from where the record is, for topics
+	// whose producers set no id: the UUIDv5 of "topic/partition/offset" in
+	// [OffsetIDNamespace]. It dedups only redeliveries of the same record
+	// (a consumer restarting, a rebalance, a replay): a producer that
+	// sends the same event twice writes two records, with two ids, and
+	// both apply. A topic deleted and created again restarts its offsets,
+	// so its new records get the ids of the old ones and are skipped as
+	// duplicates for as long as processed_events remembers them.
+	IDFromOffset IDSource = "offset"
+)
+
+// OffsetIDNamespace is the UUIDv5 namespace of the ids IDFromOffset
+// derives, itself the UUIDv5 of the URL
+// https://github.com/onceflow/onceflow/event-id/offset:
+// uuid.NewSHA1(OffsetIDNamespace, []byte("orders/3/42")) is the id of the
+// record at offset 42 of partition 3 of topic orders.
+var OffsetIDNamespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/onceflow/onceflow/event-id/offset"))
+
+// OffsetID is the event id IDFromOffset gives the record at offset of
+// partition of topic.
+func OffsetID(topic string, partition int32, offset int64) uuid.UUID {
+	return uuid.NewSHA1(OffsetIDNamespace, []byte(topic+"/"+strconv.FormatInt(int64(partition), 10)+"/"+strconv.FormatInt(offset, 10)))
+}
+
+// DecodeConfig says how a record's value is read, where its event id is
+// and how large a record may be. The zero value reads JSON values with the
+// id in the event_id header.
 type DecodeConfig struct {
-	// IDField, when set, names a top-level string field of the JSON value
-	// holding the event id; otherwise the id is the event_id header.
+	// Format is how the value is read; default FormatJSON.
+	Format Format
+	// IDSource is where the id is; default IDFromField when IDField is
+	// set, else IDFromHeader.
+	IDSource IDSource
+	// IDHeader names the header holding the id with IDFromHeader; default
+	// HeaderEventID.
+	IDHeader string
+	// IDField names the top-level string field of the JSON value holding
+	// the id with IDFromField.
 	IDField string
 	// MaxBytes is the largest accepted value; 0 means no limit.
 	MaxBytes int
+}
+
+// withDefaults returns c with every zero value replaced by its default.
+func (c DecodeConfig) withDefaults() DecodeConfig {
+	if c.Format == "" {
+		c.Format = FormatJSON
+	}
+	if c.IDSource == "" {
+		c.IDSource = IDFromHeader
+		if c.IDField != "" {
+			c.IDSource = IDFromField
+		}
+	}
+	if c.IDHeader == "" {
+		c.IDHeader = HeaderEventID
+	}
+	return c
+}
+
+// Validate returns every problem with c (after defaults), each naming its
+// field.
+func (c DecodeConfig) Validate() error {
+	c = c.withDefaults()
+	var ps []error
+	bad := func(format string, args ...any) { ps = append(ps, fmt.Errorf("processor: Decode."+format, args...)) }
+	if c.Format != FormatJSON && c.Format != FormatBytes {
+		bad("Format %q is not %s or %s", c.Format, FormatJSON, FormatBytes)
+	}
+	switch c.IDSource {
+	case IDFromHeader, IDFromKey, IDFromOffset:
+		if c.IDField != "" {
+			bad("IDField %q is set but IDSource is %s", c.IDField, c.IDSource)
+		}
+	case IDFromField:
+		if c.IDField == "" {
+			bad("IDField is required with IDSource %s", c.IDSource)
+		}
+		if c.Format == FormatBytes {
+			bad("IDSource %s needs Format %s, not %s", c.IDSource, FormatJSON, c.Format)
+		}
+	default:
+		bad("IDSource %q is not one of %s, %s, %s, %s", c.IDSource, IDFromHeader, IDFromField, IDFromKey, IDFromOffset)
+	}
+	if c.MaxBytes < 0 {
+		bad("MaxBytes %d is negative", c.MaxBytes)
+	}
+	return errors.Join(ps...)
 }
 
 // DecodeError is a record that cannot become an event. It is not retried:
@@ -38,39 +148,72 @@ func (e *DecodeError) Error() string {
 	return fmt.Sprintf("decode %s/%d@%d: %s", e.Topic, e.Partition, e.Offset, e.Reason)
 }
 
-// Decode turns a record into an event: a UUID event id and a JSON value
-// that Postgres can store (no NUL byte, no \u0000 escape). The error is a
-// *DecodeError naming the problem.
+// Decode turns a record into an event: a UUID event id from cfg's source
+// and, with FormatJSON, a JSON value that Postgres can store (no NUL byte,
+// no \u0000 escape); the record's key, headers and timestamp are carried
+// along. cfg takes its defaults; it must be valid (see
+// [DecodeConfig.Validate]), an invalid one rejects every record. The error
+// is a *DecodeError naming the problem.
 func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
+	cfg = cfg.withDefaults()
 	fail := func(id uuid.NullUUID, format string, args ...any) (sink.Event, error) {
 		return sink.Event{}, &DecodeError{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			EventID: id, Reason: fmt.Sprintf(format, args...)}
 	}
 	var id uuid.NullUUID
-	if cfg.IDField == "" {
-		raw, ok := header(r, HeaderEventID)
+	switch cfg.IDSource {
+	case IDFromHeader:
+		raw, ok := header(r, cfg.IDHeader)
 		if !ok {
-			return fail(id, "no %s header", HeaderEventID)
+			return fail(id, "no %s header", cfg.IDHeader)
 		}
 		u, err := parseID(raw)
 		if err != nil {
-			return fail(id, "%s header %q is not a UUID", HeaderEventID, truncate(raw))
+			return fail(id, "%s header %q is not a UUID", cfg.IDHeader, truncate(raw))
 		}
 		id = uuid.NullUUID{UUID: u, Valid: true}
+	case IDFromKey:
+		if len(r.Key) == 0 {
+			return fail(id, "no record key (decode.event_id_source is key)")
+		}
+		u, err := parseID(r.Key)
+		if err != nil {
+			return fail(id, "record key %q is not a UUID", truncate(r.Key))
+		}
+		id = uuid.NullUUID{UUID: u, Valid: true}
+	case IDFromOffset:
+		id = uuid.NullUUID{UUID: OffsetID(r.Topic, r.Partition, r.Offset), Valid: true}
+	case IDFromField:
+		if cfg.IDField == "" {
+			return fail(id, "event id source %s names no field", IDFromField)
+		}
+		// read from the value below, once it is known to be JSON
+	default:
+		return fail(id, "unknown event id source %q", cfg.IDSource)
 	}
-	switch {
-	case cfg.MaxBytes > 0 && len(r.Value) > cfg.MaxBytes:
+	if cfg.MaxBytes > 0 && len(r.Value) > cfg.MaxBytes {
 		return fail(id, "value is %d bytes, over the %d-byte limit", len(r.Value), cfg.MaxBytes)
-	case len(r.Value) == 0:
-		return fail(id, "value is empty")
-	case bytes.IndexByte(r.Value, 0) >= 0:
-		return fail(id, "value contains a NUL byte")
-	case !json.Valid(r.Value):
-		return fail(id, "value is not valid JSON")
-	case bytes.Contains(r.Value, []byte(`\u0000`)):
-		return fail(id, `value contains \u0000, which Postgres cannot store`)
 	}
-	if cfg.IDField != "" {
+	switch cfg.Format {
+	case FormatBytes:
+		if cfg.IDSource == IDFromField {
+			return fail(id, "event id source %s needs format %s", IDFromField, FormatJSON)
+		}
+	case FormatJSON:
+		switch {
+		case len(r.Value) == 0:
+			return fail(id, "value is empty")
+		case bytes.IndexByte(r.Value, 0) >= 0:
+			return fail(id, "value contains a NUL byte")
+		case !json.Valid(r.Value):
+			return fail(id, "value is not valid JSON")
+		case bytes.Contains(r.Value, []byte(`\u0000`)):
+			return fail(id, `value contains \u0000, which Postgres cannot store`)
+		}
+	default:
+		return fail(id, "unknown format %q", cfg.Format)
+	}
+	if cfg.IDSource == IDFromField {
 		var fields map[string]json.RawMessage
 		if err := json.Unmarshal(r.Value, &fields); err != nil {
 			return fail(id, "value is not a JSON object, so it has no %q field", cfg.IDField)
@@ -89,8 +232,15 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 		}
 		id = uuid.NullUUID{UUID: u, Valid: true}
 	}
+	var hs []sink.Header
+	if len(r.Headers) > 0 {
+		hs = make([]sink.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			hs[i] = sink.Header{Key: h.Key, Value: h.Value}
+		}
+	}
 	return sink.Event{
-		ID: id.UUID, Value: r.Value, Key: r.Key,
+		ID: id.UUID, Value: r.Value, Key: r.Key, Headers: hs,
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
 	}, nil
 }

@@ -9,12 +9,15 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Event is one decoded record: an event id and its JSON payload, with where
-// it came from.
+// Event is one decoded record: an event id and its value, with where it
+// came from.
 type Event struct {
-	ID        uuid.UUID
-	Value     []byte // JSON, already validated by the decoder
-	Key       []byte // the record's key, if any
+	ID uuid.UUID
+	// Value is the record's value: JSON validated by the decoder, unless
+	// the decoder takes values as bytes (processor.FormatBytes).
+	Value     []byte
+	Key       []byte   // the record's key, if any
+	Headers   []Header // the record's headers, in record order
 	Topic     string
 	Partition int32
 	Offset    int64
@@ -22,6 +25,12 @@ type Event struct {
 	// Producer is the span context the producer injected into the record's
 	// headers, if any. The batch span links to it.
 	Producer trace.SpanContext
+}
+
+// Header is a record header. Keys may repeat.
+type Header struct {
+	Key   string
+	Value []byte
 }
 
 // DeadLetter is a record that could not be decoded or applied.
@@ -66,7 +75,8 @@ type Result struct {
 
 // Handler applies the business effects of a batch of events inside the
 // batch's transaction. Apply receives only the events this handler newly
-// claimed, in offset order, each event at most once; it must write in bulk
+// claimed (of the topics it consumes, if it is a [TopicFilter]), in offset
+// order, each event at most once; it must write in bulk
 // (COPY, unnest arrays, pgx.Batch) rather than one statement per event.
 //
 // Apply must not commit or roll back tx. What an error does depends on its
@@ -85,4 +95,14 @@ type Handler interface {
 	// processed_events. Renaming a handler makes every event new to it.
 	Name() string
 	Apply(ctx context.Context, tx pgx.Tx, events []Event) error
+}
+
+// TopicFilter is implemented by a Handler that applies the events of some
+// topics only. For a batch of a topic it does not consume, the Writer
+// neither claims nor applies anything for it: no processed_events row is
+// written for such an (event, handler) pair, so consuming the topic later
+// makes its events new to the handler. Consumes must be safe for
+// concurrent use and give the same answer for the same topic.
+type TopicFilter interface {
+	Consumes(topic string) bool
 }

@@ -131,6 +131,7 @@ type Writer struct {
 	processed string // sanitized, schema-qualified table names
 	offsets   string
 	dead      string
+	filtered  bool // some handler is a TopicFilter
 }
 
 // New returns a Writer over pool. It does not touch the database; run
@@ -157,7 +158,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Writer, error) {
 	// keeps it open while the client is silent.
 	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = %d",
 		max(cfg.TxTimeout.Milliseconds(), 1))
+	filtered := slices.ContainsFunc(cfg.Handlers, func(h Handler) bool { _, ok := h.(TopicFilter); return ok })
 	return &Writer{
+		filtered:  filtered,
 		pool:      pool,
 		cfg:       cfg,
 		tracer:    tp.Tracer("github.com/onceflow/onceflow/sink"),
@@ -297,12 +300,22 @@ func firstOffset(b *Batch) int64 {
 	return b.NextOffset
 }
 
-// fromCache drops the keys the cache knows are committed.
+// fromCache returns the (event, handler) keys of b for the handlers that
+// consume b's topic, dropping those the cache knows are committed.
 func (w *Writer) fromCache(b *Batch) ([]pending, []skip) {
+	hs := w.cfg.Handlers
+	if w.filtered {
+		hs = nil
+		for _, h := range w.cfg.Handlers {
+			if f, ok := h.(TopicFilter); !ok || f.Consumes(b.Topic) {
+				hs = append(hs, h)
+			}
+		}
+	}
 	var todo []pending
 	var skipped []skip
 	for i := range b.Events {
-		for _, h := range w.cfg.Handlers {
+		for _, h := range hs {
 			k := dedup.Key{EventID: b.Events[i].ID, Handler: h.Name()}
 			if w.cfg.Cache.Seen(k) {
 				skipped = append(skipped, skip{k, i, "lru"})

@@ -25,7 +25,7 @@ func newAuditCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				res, err := api.Audit(cmd.Context(), pool, store, a.cfg.Postgres.Schema, a.cfg.Handlers, id)
+				res, err := api.Audit(cmd.Context(), pool, store, a.cfg.Postgres.Schema, a.handlerNames(), id)
 				if err != nil {
 					return err
 				}

@@ -52,16 +52,21 @@ func (a *app) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer pool.Close()
-	hs, err := registry.build(a.cfg.Postgres.Schema, a.cfg.Handlers)
+	hs, err := a.handlers(a.cfg.Postgres.Schema)
 	if err != nil {
 		return err
 	}
 	m := metrics.New()
 	cfg := a.pipelineConfig(pool, hs, m)
-	// Once Postgres is ready, the brokers: a refused SASL login or an
-	// untrusted certificate ends run at once, naming the keys to check.
+	// Once Postgres is ready and migrated: sql_handlers checked against
+	// the tables, then the brokers — a statement Postgres refuses, a
+	// refused SASL login or an untrusted certificate ends run at once,
+	// naming the handler or the keys to check.
 	var waitingKafka atomic.Bool
 	cfg.BeforeConsume = func(ctx context.Context) error {
+		if err := a.checkSQLHandlers(ctx, pool); err != nil {
+			return err
+		}
 		waitingKafka.Store(true)
 		defer waitingKafka.Store(false)
 		return a.whenKafka(ctx, a.cfg.Kafka.Brokers)

@@ -99,6 +99,9 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 	if err := migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
 		return nil, err
 	}
+	if err := a.checkSQLHandlers(ctx, pool); err != nil {
+		return nil, err
+	}
 	brokers, err := a.serveBrokers(o, &done)
 	if err != nil {
 		return nil, err

@@ -47,10 +47,27 @@ func (a *app) writerConfig(schema string, tp trace.TracerProvider) sink.Config {
 	return c
 }
 
-// newWriter builds the sink writer for schema from the config, with the
-// handlers the config names.
-func (a *app) newWriter(pool *pgxpool.Pool, schema string, cache *dedup.Cache, tp trace.TracerProvider) (*sink.Writer, error) {
+// handlers are the handlers the config names, writing to schema, then
+// those of sql_handlers.
+func (a *app) handlers(schema string) ([]sink.Handler, error) {
 	hs, err := registry.build(schema, a.cfg.Handlers)
+	if err != nil {
+		return nil, err
+	}
+	shs, err := a.sqlHandlers()
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range shs {
+		hs = append(hs, h)
+	}
+	return hs, nil
+}
+
+// newWriter builds the sink writer for schema from the config, with its
+// handlers.
+func (a *app) newWriter(pool *pgxpool.Pool, schema string, cache *dedup.Cache, tp trace.TracerProvider) (*sink.Writer, error) {
+	hs, err := a.handlers(schema)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +84,8 @@ func (a *app) consumerTuning(name string) processor.Config {
 	return processor.Config{
 		ClientID:        name,
 		BatchMaxRecords: a.cfg.Batch.MaxRecords, BatchMaxBytes: a.cfg.Batch.MaxBytes, BatchLinger: a.cfg.Batch.Linger,
-		Decode:         processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
+		Decode: processor.DecodeConfig{Format: processor.Format(a.cfg.Decode.Format), IDSource: processor.IDSource(a.cfg.Decode.EventIDSource),
+			IDHeader: a.cfg.Decode.EventIDHeader, IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
 		CommitInterval: k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
 		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
