@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/processor"
@@ -309,6 +310,9 @@ func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[
 		}
 	})
 	committed, err := r.adm.FetchOffsetsForTopics(ctx, r.cfg.Group, r.cfg.Topics...)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		committed, err = nil, nil // the group never committed: nothing to read
+	}
 	if err != nil {
 		return nil, fmt.Errorf("replay: fetch the committed offsets of group %s: %w", r.cfg.Group, err)
 	}
