@@ -402,3 +402,32 @@ func TestRewindPastHorizon(t *testing.T) {
 		}
 	})
 }
+
+// A plan made before the group consumed more is stale: Rewind refuses it
+// and moves nothing.
+func TestRewindRefusesAStalePlan(t *testing.T) {
+	eachBroker(t, func(t *testing.T, seeds []string) {
+		e := newEnv(t, seeds)
+		s := stream(t, 20)
+		e.produce(s.Messages, time.Now())
+		total := int64(len(s.Messages))
+		e.runUntil(total)
+		r := e.replayer(0)
+		req := replay.Request{Target: replay.Target{Start: true}}
+		plan, err := r.Plan(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// As if a member had stored another offset since the plan.
+		if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = next_offset - 1 WHERE consumer_group = $1 AND partition = 0 AND next_offset > 0`, e.group); err != nil {
+			t.Fatal(err)
+		}
+		before := sinktest.Count(t, e.pool, `SELECT sum(next_offset) FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1`, e.group)
+		if err := r.Rewind(t.Context(), plan, req); err == nil || !strings.Contains(err.Error(), "plan again") {
+			t.Fatalf("rewind with a stale plan: err = %v, want a refusal", err)
+		}
+		if got := sinktest.Count(t, e.pool, `SELECT sum(next_offset) FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1`, e.group); got != before {
+			t.Errorf("a refused rewind moved sink_offsets: sum %d, want %d", got, before)
+		}
+	})
+}

@@ -77,7 +77,9 @@ func idle(state string) bool {
 // plan stays within the dedup horizon (unless req forces it), then, for
 // every partition that moves, in one Postgres transaction stores the
 // target in sink_offsets with a new epoch and records a sink_replays row,
-// and then commits the targets to Kafka for the group.
+// and then commits the targets to Kafka for the group. A partition whose
+// stored offset is no longer the plan's Current (the group consumed since
+// the plan) makes the whole rewind fail with nothing changed.
 //
 // Postgres is written first because members resume from it: if the Kafka
 // commit then fails, the rewind has still happened for every member (the
@@ -108,6 +110,9 @@ func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
 	err := pgx.BeginFunc(pctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if err := r.checkUnmoved(pctx, tx, moves); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_offsets")+` AS o (consumer_group, topic, partition, next_offset, epoch)
 SELECT $1, m.topic, m.partition, m.target, 1 FROM unnest($2::text[], $3::int[], $4::bigint[]) AS m(topic, partition, target)
 ORDER BY m.topic, m.partition
@@ -140,4 +145,36 @@ SELECT $1, m.topic, m.partition, m.current, m.target, $5, $6 FROM unnest($2::tex
 	}
 	r.cfg.Logger.Info("replay: group rewound", "group", r.cfg.Group, "partitions", len(moves), "backfill", plan.Backfill, "forced", forced)
 	return nil
+}
+
+// checkUnmoved locks the sink_offsets rows of moves and returns an error if
+// one holds an offset other than the plan's Current: the group consumed
+// since the plan, whose counts and targets are then stale.
+func (r *Replayer) checkUnmoved(ctx context.Context, tx pgx.Tx, moves []Partition) error {
+	topics, parts := make([]string, len(moves)), make([]int32, len(moves))
+	planned := map[TopicPartition]int64{}
+	for i, p := range moves {
+		topics[i], parts[i] = p.Topic, p.Partition
+		planned[p.TopicPartition] = p.Current
+	}
+	rows, err := tx.Query(ctx, `SELECT o.topic, o.partition, o.next_offset FROM `+r.table("sink_offsets")+` o
+JOIN unnest($2::text[], $3::int[]) AS m(topic, partition) ON o.topic = m.topic AND o.partition = m.partition
+WHERE o.consumer_group = $1 AND o.next_offset IS NOT NULL
+ORDER BY o.topic, o.partition FOR UPDATE OF o`, r.cfg.Group, topics, parts)
+	if err != nil {
+		return fmt.Errorf("lock sink_offsets: %w", err)
+	}
+	var tp TopicPartition
+	var next int64
+	var moved error
+	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &next}, func() error {
+		if cur := planned[tp]; next != cur && moved == nil {
+			moved = fmt.Errorf("%s is at offset %d, not %d as planned: the group consumed since the plan; plan again", tp, next, cur)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("lock sink_offsets: %w", err)
+	}
+	return moved
 }
