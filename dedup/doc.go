@@ -28,8 +28,10 @@
 //
 //   - every event pays one digest: BenchmarkPayloadDigest, 215–250 ns for
 //     a seed order (SHA-256 of ~40 bytes);
-//   - the LRU fast path compares 16 bytes after the lookup it already did:
-//     BenchmarkCacheSeen, 310–360 ns per lookup, unchanged within noise;
+//   - the LRU fast path keeps a 16-byte value per key and compares it:
+//     BenchmarkCacheSeen, run alternately against the code before digests,
+//     92–109 ns per lookup before and 108–147 ns after (about +30 ns, and
+//     16 bytes more per cached key: 1.6 MB at the default 100 000 keys);
 //   - the Postgres duplicate path pays one more round trip per batch that
 //     has duplicates, never on a batch of new keys: BenchmarkDuplicateCheck,
 //     a transaction of 1000 already-claimed keys takes 4.3–6.9 ms with the
