@@ -83,8 +83,7 @@ func idle(state string) bool {
 //
 // Postgres is written first because members resume from it: if the Kafka
 // commit then fails, the rewind has still happened for every member (the
-// error says so, and running Rewind again with the same target finishes
-// it). The new epoch fences any member that took a partition before the
+// error says so; Kafka's offsets then follow at the group's first commits). The new epoch fences any member that took a partition before the
 // transaction, so none can store an offset over the rewind.
 func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 	if err := plan.CheckHorizon(req); err != nil {
@@ -141,7 +140,8 @@ SELECT $1, m.topic, m.partition, m.current, m.target, $5, $6 FROM unnest($2::tex
 		err = resp.Error()
 	}
 	if err != nil {
-		return fmt.Errorf("replay: group %s is rewound in Postgres (where members resume) but its Kafka committed offsets are not: %w; run the same replay again to finish", r.cfg.Group, err)
+		return fmt.Errorf("replay: group %s is rewound in Postgres, where members resume, so the replay will happen; "+
+			"its Kafka committed offsets are not rewound (%w) and follow once the group commits again", r.cfg.Group, err)
 	}
 	r.cfg.Logger.Info("replay: group rewound", "group", r.cfg.Group, "partitions", len(moves), "backfill", plan.Backfill, "forced", forced)
 	return nil
