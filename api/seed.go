@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // maxBody is the largest order body accepted.
@@ -192,7 +194,10 @@ func (s *Seed) audit(w http.ResponseWriter, r *http.Request) {
 }
 
 // replay publishes an enqueued event again, with the same id: a simulated
-// broker redelivery, which the consumer's dedup must skip.
+// broker redelivery, which the consumer's dedup must skip. With an order
+// as the request body, that order is published instead: a producer that
+// reused the id for another payload, which the consumer dead-letters as a
+// conflict while the first version's effects stand.
 func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.startSpan(r, "POST /demo/replay-event/{id}")
 	defer span.End()
@@ -210,6 +215,14 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "replay: %v", err)
 		return
 	}
+	other, ok := replayBody(w, r)
+	if !ok {
+		return
+	}
+	conflict := other != nil && !bytes.Equal(other, payload)
+	if other != nil {
+		payload = other
+	}
 	if err := s.cfg.Publisher.Publish(ctx, s.cfg.Topic, id, payload); err != nil {
 		writeError(w, http.StatusBadGateway, "publish to kafka: %v", err)
 		return
@@ -218,10 +231,44 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "replay: %v", err)
 		return
 	}
+	if conflict {
+		writeJSON(w, http.StatusOK, map[string]string{
+			"event_id": id.String(),
+			"status":   "replayed with another payload",
+			"expect":   "conflict",
+			"note": "event re-published with the same event_id and a different payload: the consumer dead-letters it " +
+				"with reason \"" + sink.ReasonConflict + "\" and the first version's effects stand " +
+				"(check \"conflict\": true in /audit/event/" + id.String() + ")",
+		})
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]string{
 		"event_id": id.String(),
 		"status":   "replayed",
+		"expect":   "skip",
 		"note": "event re-published to the broker with the same event_id; " +
 			"the consumer's dedup should skip it (check /audit/event/" + id.String() + ")",
 	})
+}
+
+// replayBody reads the optional order a replay publishes instead of the
+// stored one: nil when the body is empty. On a problem it answers and
+// returns false.
+func replayBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "read body: %v", err)
+		return nil, false
+	case len(body) > maxBody:
+		writeError(w, http.StatusRequestEntityTooLarge, "body is over 1 MiB")
+		return nil, false
+	case len(bytes.TrimSpace(body)) == 0:
+		return nil, true
+	}
+	if _, err := orders.Parse(body); err != nil {
+		writeError(w, http.StatusBadRequest, "body: %v (want an order to publish under the same id, like {\"user_id\":2,\"items\":[\"B\"]}, or no body to publish the stored one)", err)
+		return nil, false
+	}
+	return body, true
 }

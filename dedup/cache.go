@@ -16,13 +16,14 @@ type Key struct {
 }
 
 // Cache is the LRU fast path: a bounded set of keys whose claim is known to
-// be committed in Postgres. Only call Remember after COMMIT succeeded; a key
+// be committed in Postgres, each with the payload digest it was claimed
+// with (zero if unknown). Only call Remember after COMMIT succeeded; a key
 // that is absent says nothing, so callers must then ask Postgres.
 //
 // A nil *Cache is valid and disabled: Seen always reports false. Cache is
 // safe for concurrent use.
 type Cache struct {
-	lru    *lru.Cache[Key, struct{}]
+	lru    *lru.Cache[Key, Digest]
 	hits   atomic.Int64
 	misses atomic.Int64
 }
@@ -36,34 +37,43 @@ func New(size int) (*Cache, error) {
 	if size == 0 {
 		return nil, nil
 	}
-	l, err := lru.New[Key, struct{}](size)
+	l, err := lru.New[Key, Digest](size)
 	if err != nil {
 		return nil, fmt.Errorf("dedup cache: %w", err)
 	}
 	return &Cache{lru: l}, nil
 }
 
-// Seen reports whether k is known to be committed. It counts a hit or a miss.
-func (c *Cache) Seen(k Key) bool {
+// Seen reports whether k is known to be committed, and, if so, whether d
+// conflicts with the digest it was committed with (both known and
+// different: the event id was reused with another payload). It counts a hit
+// or a miss; a conflict is a hit. It does not refresh k's recency.
+func (c *Cache) Seen(k Key, d Digest) (seen, conflict bool) {
 	if c == nil {
-		return false
+		return false, false
 	}
-	if c.lru.Contains(k) {
+	if stored, ok := c.lru.Peek(k); ok {
 		c.hits.Add(1)
-		return true
+		return true, stored.Conflicts(d)
 	}
 	c.misses.Add(1)
-	return false
+	return false, false
 }
 
-// Remember records keys whose claim is committed. Call it only after the
-// claiming transaction's COMMIT returned without error.
-func (c *Cache) Remember(keys []Key) {
+// Remember records keys whose claim is committed, digests[i] being the
+// digest stored with keys[i] (digests may be nil or shorter: unknown).
+// Call it only after the claiming transaction's COMMIT returned without
+// error.
+func (c *Cache) Remember(keys []Key, digests []Digest) {
 	if c == nil {
 		return
 	}
-	for _, k := range keys {
-		c.lru.Add(k, struct{}{})
+	for i, k := range keys {
+		var d Digest
+		if i < len(digests) {
+			d = digests[i]
+		}
+		c.lru.Add(k, d)
 	}
 }
 

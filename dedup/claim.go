@@ -26,9 +26,12 @@ type Querier interface {
 // insert. table must be a sanitized, schema-qualified identifier. traceID
 // may be empty, and is then stored as NULL.
 //
+// digests[i] is the payload digest stored with keys[i] (see [Digests]); a
+// nil digests, or a zero Digest, stores NULL.
+//
 // Claim must run inside the transaction that does the business writes for
 // the claimed keys: the claim is only true if that transaction commits.
-func Claim(ctx context.Context, q Querier, table, bus, traceID string, keys []Key) ([]bool, error) {
+func Claim(ctx context.Context, q Querier, table, bus, traceID string, keys []Key, digests []Digest) ([]bool, error) {
 	claimed := make([]bool, len(keys))
 	if len(keys) == 0 {
 		return claimed, nil
@@ -37,20 +40,24 @@ func Claim(ctx context.Context, q Querier, table, bus, traceID string, keys []Ke
 	// through its text form, several times slower.
 	ids := make([][16]byte, len(keys))
 	handlers := make([]string, len(keys))
+	ds := make([][]byte, len(keys))
 	for i, k := range keys {
 		ids[i] = k.EventID
 		handlers[i] = k.Handler
+		if i < len(digests) {
+			ds[i] = digests[i].bytes()
+		}
 	}
 	var trace *string
 	if traceID != "" {
 		trace = &traceID
 	}
-	rows, err := q.Query(ctx, `INSERT INTO `+table+` (event_id, handler, bus, trace_id)
-SELECT k.event_id, k.handler, $3, $4
-FROM unnest($1::uuid[], $2::text[]) AS k(event_id, handler)
+	rows, err := q.Query(ctx, `INSERT INTO `+table+` (event_id, handler, bus, trace_id, payload_digest)
+SELECT k.event_id, k.handler, $3, $4, k.digest
+FROM unnest($1::uuid[], $2::text[], $5::bytea[]) AS k(event_id, handler, digest)
 ORDER BY k.event_id, k.handler
 ON CONFLICT (event_id, handler) DO NOTHING
-RETURNING event_id, handler`, ids, handlers, bus, trace)
+RETURNING event_id, handler`, ids, handlers, bus, trace, ds)
 	if err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
 	}

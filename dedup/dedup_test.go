@@ -14,8 +14,8 @@ import (
 func TestCache(t *testing.T) {
 	var disabled *dedup.Cache
 	k := dedup.Key{EventID: uuid.New(), Handler: "h"}
-	disabled.Remember([]dedup.Key{k})
-	if disabled.Seen(k) {
+	disabled.Remember([]dedup.Key{k}, nil)
+	if seen, _ := disabled.Seen(k, dedup.Digest{}); seen {
 		t.Error("a nil cache reported a key as seen")
 	}
 	if c, err := dedup.New(0); err != nil || c != nil {
@@ -30,17 +30,20 @@ func TestCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b, d := dedup.Key{EventID: uuid.New(), Handler: "h"}, dedup.Key{EventID: uuid.New(), Handler: "h"}, dedup.Key{EventID: uuid.New(), Handler: "h"}
-	if c.Seen(a) {
+	if seen, _ := c.Seen(a, dedup.Digest{}); seen {
 		t.Fatal("an empty cache saw a key")
 	}
-	c.Remember([]dedup.Key{a, b})
-	if !c.Seen(a) || !c.Seen(b) {
+	c.Remember([]dedup.Key{a, b}, nil)
+	if sa, _ := c.Seen(a, dedup.Digest{}); !sa {
 		t.Fatal("remembered keys are not seen")
 	}
-	if c.Seen(dedup.Key{EventID: a.EventID, Handler: "other"}) {
+	if sb, _ := c.Seen(b, dedup.Digest{}); !sb {
+		t.Fatal("remembered keys are not seen")
+	}
+	if seen, _ := c.Seen(dedup.Key{EventID: a.EventID, Handler: "other"}, dedup.Digest{}); seen {
 		t.Error("the same event under another handler was seen: keys must include the handler")
 	}
-	c.Remember([]dedup.Key{d}) // evicts the least recently used
+	c.Remember([]dedup.Key{d}, nil) // evicts the least recently used
 	if got := c.Stats().Len; got != 2 {
 		t.Errorf("Len = %d, want 2 (bounded)", got)
 	}
@@ -60,7 +63,7 @@ func TestClaim(t *testing.T) {
 		var got []bool
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
-			got, err = dedup.Claim(ctx, tx, table, "kafka", "", keys)
+			got, err = dedup.Claim(ctx, tx, table, "kafka", "", keys, nil)
 			return err
 		})
 		if err != nil {
@@ -98,7 +101,7 @@ func TestClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := dedup.Claim(ctx, tx, table, "kafka", "", []dedup.Key{z}); err != nil || !got[0] {
+	if got, err := dedup.Claim(ctx, tx, table, "kafka", "", []dedup.Key{z}, nil); err != nil || !got[0] {
 		t.Fatalf("claim in a transaction: %v, %v", got, err)
 	}
 	_ = tx.Rollback(context.Background())

@@ -10,4 +10,32 @@
 //     processed_events per batch, inside the batch's transaction. A row that
 //     the statement did not return was claimed by an earlier (or concurrent,
 //     now committed) transaction, or appears earlier in the same batch.
+//
+// # Conflicting duplicates
+//
+// An event id that comes back with a different payload is not a duplicate
+// but a producer bug (an id reused), and skipping it would lose the second
+// payload silently. Each key is therefore stored with a [Digest] of the
+// payload it was applied with: the processed_events.payload_digest column
+// (written by Claim) and the Cache's value. [Cache.Seen] reports a conflict
+// when the digests differ; on the Postgres path the writer reads the stored
+// digests of the keys Claim did not claim ([Digests]) and compares. The
+// sink dead-letters a conflicting event; the first version's effects stand.
+// Rows written before digests existed (NULL) cannot conflict.
+//
+// Cost, measured on this 2-core machine with the benchmarks of this package
+// (go test ./dedup -bench 'Duplicate|Digest|CacheSeen', Postgres 15 local):
+//
+//   - every event pays one digest: BenchmarkPayloadDigest, 215–250 ns for
+//     a seed order (SHA-256 of ~40 bytes);
+//   - the LRU fast path keeps a 16-byte value per key and compares it:
+//     BenchmarkCacheSeen, run alternately against the code before digests,
+//     92–109 ns per lookup before and 108–147 ns after (about +30 ns, and
+//     16 bytes more per cached key: 1.6 MB at the default 100 000 keys);
+//   - the Postgres duplicate path pays one more round trip per batch that
+//     has duplicates, never on a batch of new keys: BenchmarkDuplicateCheck,
+//     a transaction of 1000 already-claimed keys takes 4.3–6.9 ms with the
+//     claim alone and 10.3–13.4 ms with the digest read, i.e. about 5 µs
+//     more per duplicate key (roughly twice the cost of a Postgres-detected
+//     duplicate; duplicates the LRU catches pay nothing more).
 package dedup

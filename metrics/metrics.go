@@ -67,6 +67,7 @@ var (
 	descApplied   = prometheus.NewDesc("onceflow_events_applied_total", "(event, handler) pairs applied.", nil, nil)
 	descSkipped   = prometheus.NewDesc("onceflow_duplicates_skipped_total", "(event, handler) pairs skipped as duplicates, by layer.", []string{"layer"}, nil)
 	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
+	descConflicts = prometheus.NewDesc("onceflow_duplicates_conflicting_total", "Events whose event_id was already applied with a different payload: dead-lettered, the first version's effects stand.", nil, nil)
 	descBatches   = prometheus.NewDesc("onceflow_batches_total", "Batches committed.", nil, nil)
 	descRetries   = prometheus.NewDesc("onceflow_transaction_retries_total", "Batch transactions retried after an error.", nil, nil)
 	descFenced    = prometheus.NewDesc("onceflow_batches_fenced_total", "Batches rolled back by the sink_offsets fence (the worker then stopped).", nil, nil)
@@ -83,7 +84,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecords, descApplied, descSkipped, descDead, descBatches, descRetries,
+	for _, d := range []*prometheus.Desc{descRecords, descApplied, descSkipped, descDead, descConflicts, descBatches, descRetries,
 		descFenced, descPublished, descRange, descRetrying, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
 		ch <- d
 	}
@@ -114,6 +115,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(descSkipped, t.SkippedLRU, "lru")
 	counter(descSkipped, t.SkippedPostgres, "postgres")
 	counter(descDead, t.DeadLetters)
+	counter(descConflicts, t.Conflicts)
 	counter(descBatches, t.Batches)
 	counter(descRetries, t.Retries)
 	counter(descFenced, t.Fenced)

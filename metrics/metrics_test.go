@@ -26,9 +26,9 @@ func TestHandlerServesEveryFamily(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := dedup.Key{EventID: uuid.New(), Handler: "h"}
-	cache.Remember([]dedup.Key{key})
-	cache.Seen(key)
-	cache.Seen(dedup.Key{EventID: uuid.New(), Handler: "h"})
+	cache.Remember([]dedup.Key{key}, nil)
+	cache.Seen(key, dedup.Digest{})
+	cache.Seen(dedup.Key{EventID: uuid.New(), Handler: "h"}, dedup.Digest{})
 	c, err := processor.New(processor.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"t"}, Group: "g"}, writer{})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestHandlerServesEveryFamily(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"onceflow_records_consumed_total", "onceflow_events_applied_total",
-		"onceflow_duplicates_skipped_total", "onceflow_dead_letters_total", "onceflow_batch_records",
+		"onceflow_duplicates_skipped_total", "onceflow_dead_letters_total", "onceflow_duplicates_conflicting_total", "onceflow_batch_records",
 		"onceflow_batch_duration_seconds", "onceflow_transaction_retries_total", "onceflow_batches_fenced_total", "onceflow_dead_letters_published_total",
 		"onceflow_offsets_out_of_range_total", "onceflow_partitions_retrying",
 		"onceflow_rebalance_partitions_total", "onceflow_lru_size", "onceflow_lru_lookups_total", "onceflow_lru_hit_ratio",

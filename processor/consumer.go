@@ -51,6 +51,7 @@ type Stats struct {
 	SkippedLRU           int64
 	SkippedPostgres      int64
 	DeadLetters          int64 // records written to dead_letters
+	Conflicts            int64 // events dead-lettered as conflicting duplicates (included in DeadLetters)
 	DeadLettersPublished int64 // dead letters copied to the dead-letter topic
 	Fenced               int64 // batches refused by the offset fence (the worker then stopped)
 	Retries              int64 // transactions retried after an error
@@ -70,6 +71,7 @@ func (s Stats) Plus(o Stats) Stats {
 	s.SkippedLRU += o.SkippedLRU
 	s.SkippedPostgres += o.SkippedPostgres
 	s.DeadLetters += o.DeadLetters
+	s.Conflicts += o.Conflicts
 	s.DeadLettersPublished += o.DeadLettersPublished
 	s.Fenced += o.Fenced
 	s.Retries += o.Retries
@@ -84,7 +86,7 @@ func (s Stats) Plus(o Stats) Stats {
 
 type counters struct {
 	records, batches, applied, skippedLRU, skippedPG, dead, published, fenced, retries atomic.Int64
-	outOfRange, assigned, revoked, lost, workers, retrying                             atomic.Int64
+	outOfRange, assigned, revoked, lost, workers, retrying, conflicts                  atomic.Int64
 }
 
 // Consumer is one consumer-group member. Create it with New, run it with
@@ -217,6 +219,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettersPublished: s.published.Load(), Fenced: s.fenced.Load(), Retries: s.retries.Load(),
 		OffsetsOutOfRange: s.outOfRange.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		Lost: s.lost.Load(), Workers: s.workers.Load(), Retrying: s.retrying.Load(),
+		Conflicts: s.conflicts.Load(),
 	}
 }
 

@@ -328,6 +328,7 @@ func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Recor
 	s.skippedLRU.Add(int64(res.SkippedLRU))
 	s.skippedPG.Add(int64(res.SkippedPostgres))
 	s.dead.Add(int64(res.DeadLetters))
+	s.conflicts.Add(int64(res.Conflicts))
 	if res.DeadLetters > 0 {
 		select {
 		case w.c.dlWake <- struct{}{}:

@@ -16,6 +16,13 @@ type Processed struct {
 	Bus         string    `json:"bus"`
 	ProcessedAt time.Time `json:"processed_at"`
 	TraceID     string    `json:"trace_id,omitempty"`
+	// PayloadDigest is the hex digest of the payload the handler applied;
+	// empty for rows written before digests were stored.
+	PayloadDigest string `json:"payload_digest,omitempty"`
+	// ReplayedBy is the sink_replays id of the backfill that applied this
+	// row (a rewind for this handler, after which the handler applied an
+	// event its siblings had applied before the rewind); 0 otherwise.
+	ReplayedBy int64 `json:"replayed_by,omitempty"`
 }
 
 // DeadLetterRow is one dead_letters row, as audited.
@@ -26,6 +33,9 @@ type DeadLetterRow struct {
 	Offset    int64     `json:"offset"`
 	Reason    string    `json:"reason"`
 	CreatedAt time.Time `json:"created_at"`
+	// Conflict is true when the reason is ReasonConflict: this delivery
+	// reused the event id with another payload and applied nothing.
+	Conflict bool `json:"conflict,omitempty"`
 }
 
 // EventAudit is what sink recorded about one event.
@@ -33,6 +43,10 @@ type EventAudit struct {
 	EventID     uuid.UUID       `json:"event_id"`
 	Processed   []Processed     `json:"processed"`
 	DeadLetters []DeadLetterRow `json:"dead_letters"`
+	// Conflict is true when some delivery of the event carried another
+	// payload (a dead letter with ReasonConflict): the first version's
+	// effects stand.
+	Conflict bool `json:"conflict"`
 }
 
 // Audit reads the processed_events and dead_letters rows of one event in
@@ -40,8 +54,14 @@ type EventAudit struct {
 func Audit(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID) (EventAudit, error) {
 	t := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	a := EventAudit{EventID: id, Processed: []Processed{}, DeadLetters: []DeadLetterRow{}}
-	rows, err := pool.Query(ctx, `SELECT handler, bus, processed_at, coalesce(trace_id, '')
-FROM `+t("processed_events")+` WHERE event_id = $1 ORDER BY processed_at, handler`, id)
+	rows, err := pool.Query(ctx, `SELECT p.handler, p.bus, p.processed_at, coalesce(p.trace_id, ''),
+  coalesce(encode(p.payload_digest, 'hex'), ''),
+  coalesce((SELECT r.id FROM `+t("sink_replays")+` r
+    WHERE r.handler = p.handler AND r.created_at <= p.processed_at
+      AND EXISTS (SELECT 1 FROM `+t("processed_events")+` s
+                  WHERE s.event_id = p.event_id AND s.handler <> p.handler AND s.processed_at < r.created_at)
+    ORDER BY r.created_at DESC LIMIT 1), 0)
+FROM `+t("processed_events")+` p WHERE p.event_id = $1 ORDER BY p.processed_at, p.handler`, id)
 	if err != nil {
 		return a, fmt.Errorf("audit processed_events: %w", err)
 	}
@@ -49,14 +69,17 @@ FROM `+t("processed_events")+` WHERE event_id = $1 ORDER BY processed_at, handle
 	if err != nil {
 		return a, fmt.Errorf("audit processed_events: %w", err)
 	}
-	rows, err = pool.Query(ctx, `SELECT consumer_group, topic, partition, "offset", reason, created_at
-FROM `+t("dead_letters")+` WHERE event_id = $1 ORDER BY created_at`, id)
+	rows, err = pool.Query(ctx, `SELECT consumer_group, topic, partition, "offset", reason, created_at, reason = $2
+FROM `+t("dead_letters")+` WHERE event_id = $1 ORDER BY created_at`, id, ReasonConflict)
 	if err != nil {
 		return a, fmt.Errorf("audit dead_letters: %w", err)
 	}
 	a.DeadLetters, err = pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetterRow])
 	if err != nil {
 		return a, fmt.Errorf("audit dead_letters: %w", err)
+	}
+	for _, d := range a.DeadLetters {
+		a.Conflict = a.Conflict || d.Conflict
 	}
 	return a, nil
 }

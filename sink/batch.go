@@ -69,7 +69,8 @@ type Result struct {
 	SkippedLRU      int          // keys dropped by the cache without a round trip
 	SkippedPostgres int          // keys whose processed_events row already existed (or repeated in the batch)
 	DeadLetters     int          // records written to dead_letters (decode failures, rejections, data errors)
-	Rejected        []DeadLetter // events dead-lettered inside the transaction (rejected or isolated), included in DeadLetters
+	Rejected        []DeadLetter // events dead-lettered inside the transaction (rejected, isolated or conflicting), included in DeadLetters
+	Conflicts       int          // events refused as conflicting duplicates (ReasonConflict), included in Rejected
 	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated
 }
 

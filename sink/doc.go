@@ -16,4 +16,11 @@
 // The offset compare-and-set fences zombies: a batch carries the stored
 // offset its worker last saw ([Batch.Fence]); if another member moved it in
 // the meantime the transaction rolls back with [ErrFenced].
+//
+// A duplicate is checked before it is skipped: an event whose id was
+// applied with another payload (its digest differs, in the cache or in
+// processed_events) is a conflicting duplicate. It becomes a dead letter
+// with [ReasonConflict], applies nothing for any handler (a claim it made
+// for a handler new to the id is taken back), and the first version's
+// effects stand; [Result.Conflicts] counts them.
 package sink

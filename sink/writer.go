@@ -219,21 +219,26 @@ RETURNING partition, epoch, coalesce(next_offset, -1)`, w.cfg.Group, topic, ps)
 
 // pending is one (event, handler) pair that survived the cache.
 type pending struct {
-	key   dedup.Key
-	event int // index into Batch.Events
+	key    dedup.Key
+	event  int          // index into Batch.Events
+	digest dedup.Digest // of the event's payload
 }
 
 // outcome is what one application of some events did inside a transaction.
 type outcome struct {
-	claimed []dedup.Key
-	already []skip
-	dead    []DeadLetter // events isolated into dead letters
+	claimed   []dedup.Key
+	digests   []dedup.Digest // digests[i] was stored with claimed[i]
+	already   []skip
+	dead      []DeadLetter // events isolated into dead letters, conflicts included
+	conflicts int          // events refused as conflicting duplicates
 }
 
 func (o *outcome) merge(p outcome) {
 	o.claimed = append(o.claimed, p.claimed...)
+	o.digests = append(o.digests, p.digests...)
 	o.already = append(o.already, p.already...)
 	o.dead = append(o.dead, p.dead...)
+	o.conflicts += p.conflicts
 }
 
 // Write applies b in one transaction and returns what it did. On success the
@@ -263,32 +268,35 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	if b.Epoch < 1 {
 		return res, fmt.Errorf("batch of %s/%d has no epoch: Take the partition first", b.Topic, b.Partition)
 	}
-	todo, skipped := w.fromCache(b)
+	todo, skipped, conflicts := w.fromCache(b)
 	res.SkippedLRU = len(skipped)
 
 	res.Attempts++
-	out, err := w.transaction(ctx, b, todo, false)
+	out, err := w.transaction(ctx, b, todo, conflicts, false)
 	if err != nil && isolatable(err) {
 		w.log.Warn("batch failed on a data error; isolating the events that cause it",
 			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "batch_size", len(b.Events), "err", err)
 		res.Attempts++
-		out, err = w.transaction(ctx, b, todo, true)
+		out, err = w.transaction(ctx, b, todo, conflicts, true)
 	}
 	if err != nil {
 		return res, err
 	}
 	// Committed. Every key claimed, and every key found already claimed,
-	// is now known committed.
+	// is now known committed, with its stored digest.
 	known := slices.Clip(out.claimed)
+	digests := slices.Clip(out.digests)
 	for _, s := range out.already {
 		known = append(known, s.key)
+		digests = append(digests, s.digest)
 	}
-	w.cfg.Cache.Remember(known)
+	w.cfg.Cache.Remember(known, digests)
 	skipped = append(skipped, out.already...)
 	res.Applied = len(out.claimed)
 	res.SkippedPostgres = len(out.already)
-	res.DeadLetters = len(b.DeadLetters) + len(out.dead)
-	res.Rejected = out.dead
+	res.Rejected = append(slices.Clip(conflicts), out.dead...)
+	res.DeadLetters = len(b.DeadLetters) + len(res.Rejected)
+	res.Conflicts = len(conflicts) + out.conflicts
 	w.logSkips(ctx, b, skipped)
 	return res, nil
 }
@@ -301,8 +309,10 @@ func firstOffset(b *Batch) int64 {
 }
 
 // fromCache returns the (event, handler) keys of b for the handlers that
-// consume b's topic, dropping those the cache knows are committed.
-func (w *Writer) fromCache(b *Batch) ([]pending, []skip) {
+// consume b's topic, dropping those the cache knows are committed. An
+// event the cache knows under another payload digest is a conflict: none
+// of its keys is kept, and it is returned as a dead letter.
+func (w *Writer) fromCache(b *Batch) ([]pending, []skip, []DeadLetter) {
 	hs := w.cfg.Handlers
 	if w.filtered {
 		hs = nil
@@ -314,23 +324,34 @@ func (w *Writer) fromCache(b *Batch) ([]pending, []skip) {
 	}
 	var todo []pending
 	var skipped []skip
+	var conflicts []DeadLetter
 	for i := range b.Events {
+		d := dedup.PayloadDigest(b.Events[i].Value)
+		mark := len(todo)
+		marks := len(skipped)
+		conflict := false
 		for _, h := range hs {
 			k := dedup.Key{EventID: b.Events[i].ID, Handler: h.Name()}
-			if w.cfg.Cache.Seen(k) {
-				skipped = append(skipped, skip{k, i, "lru"})
+			if seen, c := w.cfg.Cache.Seen(k, d); seen {
+				conflict = conflict || c
+				skipped = append(skipped, skip{k, i, "lru", d})
 				continue
 			}
-			todo = append(todo, pending{k, i})
+			todo = append(todo, pending{k, i, d})
+		}
+		if conflict {
+			todo, skipped = todo[:mark], skipped[:marks]
+			conflicts = append(conflicts, w.conflictLetter(b, i, "lru"))
 		}
 	}
-	return todo, skipped
+	return todo, skipped, conflicts
 }
 
 type skip struct {
-	key   dedup.Key
-	event int
-	layer string // lru | postgres
+	key    dedup.Key
+	event  int
+	layer  string       // lru | postgres
+	digest dedup.Digest // the digest stored with the key
 }
 
 // isolatable reports whether err is a data error raised by the events'
@@ -351,9 +372,10 @@ type commitError struct{ err error }
 func (e *commitError) Error() string { return "commit: " + e.err.Error() }
 func (e *commitError) Unwrap() error { return e.err }
 
-// transaction runs one transaction: apply (or isolate), dead letters,
-// offset compare-and-set, commit.
-func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, isolate bool) (outcome, error) {
+// transaction runs one transaction: apply (or isolate), dead letters (b's,
+// the cache's conflicts, and the events refused in it), offset
+// compare-and-set, commit.
+func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conflicts []DeadLetter, isolate bool) (outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
 	defer cancel()
 	tx, err := w.pool.BeginTx(ctx, w.begin)
@@ -371,7 +393,8 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, isol
 	if err != nil {
 		return outcome{}, err
 	}
-	if err := w.insertDeadLetters(ctx, tx, append(slices.Clip(b.DeadLetters), out.dead...)); err != nil {
+	dead := append(append(slices.Clip(b.DeadLetters), conflicts...), out.dead...)
+	if err := w.insertDeadLetters(ctx, tx, dead); err != nil {
 		return outcome{}, err
 	}
 	octx, span := w.tracer.Start(ctx, "sink.offset_cas", trace.WithAttributes(
@@ -398,24 +421,40 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		traceID = sc.TraceID().String()
 	}
 	ks := make([]dedup.Key, len(keys))
+	ds := make([]dedup.Digest, len(keys))
 	for i, p := range keys {
-		ks[i] = p.key
+		ks[i], ds[i] = p.key, p.digest
 	}
 	cctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(ks))))
-	won, err := dedup.Claim(cctx, tx, w.processed, w.cfg.Bus, traceID, ks)
+	won, err := dedup.Claim(cctx, tx, w.processed, w.cfg.Bus, traceID, ks, ds)
 	endSpan(span, err)
+	if err != nil {
+		return outcome{}, err
+	}
+	stored, conflicting, err := w.checkDuplicates(ctx, tx, b, keys, won)
 	if err != nil {
 		return outcome{}, err
 	}
 	var out outcome
 	perHandler := make(map[string][]Event, len(w.cfg.Handlers))
 	for i, p := range keys {
-		if won[i] {
+		switch {
+		case conflicting[p.event]:
+			// Refused below, with any claim it made here taken back.
+		case won[i]:
 			out.claimed = append(out.claimed, p.key)
+			out.digests = append(out.digests, p.digest)
 			perHandler[p.key.Handler] = append(perHandler[p.key.Handler], b.Events[p.event])
-		} else {
-			out.already = append(out.already, skip{p.key, p.event, "postgres"})
+		default:
+			out.already = append(out.already, skip{p.key, p.event, "postgres", stored[i]})
 		}
+	}
+	if len(conflicting) > 0 {
+		dead, err := w.refuseConflicts(ctx, tx, b, keys, won, conflicting)
+		if err != nil {
+			return outcome{}, err
+		}
+		out.dead, out.conflicts = append(out.dead, dead...), len(dead)
 	}
 	for _, h := range w.cfg.Handlers {
 		events := perHandler[h.Name()]

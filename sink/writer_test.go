@@ -252,7 +252,7 @@ func TestCommitFailureLeavesCacheUntouched(t *testing.T) {
 	}
 	for _, id := range ids {
 		for _, h := range append(orders.Names, "commitBomb") {
-			if cache.Seen(dedup.Key{EventID: id, Handler: h}) {
+			if seen, _ := cache.Seen(dedup.Key{EventID: id, Handler: h}, dedup.Digest{}); seen {
 				t.Fatalf("cache holds %s/%s after a failed COMMIT", id, h)
 			}
 		}

@@ -85,7 +85,7 @@ Configuration: a YAML file (--config), ONCEFLOW_* environment variables
 		SilenceErrors: true,
 	}
 	addConfigFlags(root.PersistentFlags())
-	root.AddCommand(newRunCmd(), newServeCmd(), newDemoCmd(), newMigrateCmd(), newAuditCmd(), newProduceCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newDemoCmd(), newMigrateCmd(), newAuditCmd(), newProduceCmd(), newReplayCmd())
 	return root
 }
 

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/replay"
+)
+
+// dedupHorizon is how long processed_events rows are kept: the age beyond
+// which a rewind would re-apply effects. No retention is configurable yet,
+// so rows are kept for ever and the horizon is unlimited (0); when
+// dedup.retention exists, return it here.
+func dedupHorizon(config.Config) time.Duration { return 0 }
+
+func newReplayCmd() *cobra.Command {
+	var (
+		toTime, backfill string
+		toOffsets        []string
+		toStart, dryRun  bool
+		risk             bool
+	)
+	cmd := &cobra.Command{
+		Use:   "replay (--to-time T | --to-offset TOPIC:PARTITION=OFFSET... | --to-start | --backfill HANDLER) [--dry-run]",
+		Short: "Rewind the consumer group (Postgres and Kafka offsets), or backfill one handler; --dry-run counts what it would do",
+		Long: `replay moves the consumer group back, in sink_offsets (with a new epoch,
+fencing any live writer) and in Kafka's committed offsets, so that the
+next 'onceflow run' reads the records again. Every (event, handler) pair
+already in processed_events is skipped, so nothing is applied twice.
+
+  --to-time      the first record at or after a time: RFC 3339
+                 (2026-12-02T10:00:00Z) or a duration ago (24h)
+  --to-offset    an offset per partition, TOPIC:PARTITION=OFFSET, repeatable
+  --to-start     the log start
+  --backfill H   for a handler added to 'handlers' after the group ran:
+                 rewind (to the log start unless --to-time is given) so that
+                 H applies the history while its siblings skip it
+
+The group must be stopped: replay refuses while it has members. A rewind
+that reaches records older than the dedup horizon (dedup.retention; today
+unlimited, rows are never removed) is refused unless
+--risk-reapplying-effects is given.
+
+--dry-run reads the records between the target and the group's position and
+prints, per partition and handler, how many pairs would be applied, skipped
+as duplicates, or dead-lettered as conflicting; it changes nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := replayRequest(toTime, toOffsets, toStart, backfill, risk, time.Now())
+			if err != nil {
+				return err
+			}
+			return withPool(cmd, func(a *app, pool *pgxpool.Pool) error {
+				r, err := replay.New(replay.Config{
+					Pool: pool, Brokers: a.cfg.Kafka.Brokers, Schema: a.cfg.Postgres.Schema,
+					Group: a.cfg.Kafka.Group, Topics: a.cfg.Kafka.Topics, Handlers: a.cfg.Handlers,
+					Decode:  processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
+					Horizon: dedupHorizon(a.cfg), CallTimeout: a.cfg.Postgres.CallTimeout, Logger: a.log,
+				})
+				if err != nil {
+					return err
+				}
+				defer r.Close()
+				ctx := cmd.Context()
+				plan, err := r.Plan(ctx, req)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if dryRun {
+					if err := r.Count(ctx, plan); err != nil {
+						return err
+					}
+					printPlan(out, plan, req, true)
+					return nil
+				}
+				if !plan.Moves() {
+					fmt.Fprintf(out, "group %s: nothing to rewind (every partition is at or before the target)\n", plan.Group)
+					return nil
+				}
+				if err := r.Rewind(ctx, plan, req); err != nil {
+					return err
+				}
+				printPlan(out, plan, req, false)
+				fmt.Fprintf(out, "rewound: start 'onceflow run' to replay\n")
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&toTime, "to-time", "", "rewind to the first record at or after this time: RFC 3339, or a duration ago (24h)")
+	f.StringArrayVar(&toOffsets, "to-offset", nil, "rewind TOPIC:PARTITION to OFFSET (TOPIC:PARTITION=OFFSET); repeatable")
+	f.BoolVar(&toStart, "to-start", false, "rewind to the log start")
+	f.StringVar(&backfill, "backfill", "", "backfill this handler: it applies the history its siblings already applied")
+	f.BoolVar(&dryRun, "dry-run", false, "count what the rewind would read, apply and skip; change nothing")
+	f.BoolVar(&risk, "risk-reapplying-effects", false, "allow a rewind older than the dedup horizon, whose effects may be applied again")
+	return cmd
+}
+
+// replayRequest builds the request from the flags, with now for "ago".
+func replayRequest(toTime string, toOffsets []string, toStart bool, backfill string, risk bool, now time.Time) (replay.Request, error) {
+	req := replay.Request{Backfill: backfill, RiskReapplyingEffects: risk}
+	if toTime != "" {
+		if d, err := time.ParseDuration(toTime); err == nil {
+			if d <= 0 {
+				return req, fmt.Errorf("--to-time %s: a duration ago must be positive", toTime)
+			}
+			req.Target.Time = now.Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, toTime); err == nil {
+			req.Target.Time = t
+		} else {
+			return req, fmt.Errorf("--to-time %q: neither an RFC 3339 time (2026-12-02T10:00:00Z) nor a duration (24h)", toTime)
+		}
+	}
+	for _, s := range toOffsets {
+		tp, off, ok := strings.Cut(s, "=")
+		topic, part, ok2 := cutLast(tp, ":")
+		p, err1 := strconv.ParseInt(part, 10, 32)
+		o, err2 := strconv.ParseInt(off, 10, 64)
+		if !ok || !ok2 || topic == "" || err1 != nil || err2 != nil || p < 0 || o < 0 {
+			return req, fmt.Errorf("--to-offset %q: want TOPIC:PARTITION=OFFSET, like orders:0=1200", s)
+		}
+		if req.Target.Offsets == nil {
+			req.Target.Offsets = map[replay.TopicPartition]int64{}
+		}
+		req.Target.Offsets[replay.TopicPartition{Topic: topic, Partition: int32(p)}] = o
+	}
+	req.Target.Start = toStart
+	n := 0
+	for _, set := range []bool{toTime != "", len(toOffsets) > 0, toStart} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return req, fmt.Errorf("give one of --to-time, --to-offset, --to-start")
+	case n == 0 && backfill == "":
+		return req, fmt.Errorf("say where to rewind: --to-time, --to-offset or --to-start (or --backfill HANDLER)")
+	}
+	return req, nil
+}
+
+func cutLast(s, sep string) (string, string, bool) {
+	i := strings.LastIndex(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+len(sep):], true
+}
+
+// printPlan prints the plan per partition and, when counted, per handler.
+func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
+	what := "rewind"
+	if plan.Backfill != "" {
+		what = "backfill of " + plan.Backfill
+	}
+	verb := "rewound"
+	if dry {
+		verb = "dry run, nothing changed"
+	}
+	fmt.Fprintf(w, "group %s: %s (%s)\n", plan.Group, what, verb)
+	if plan.Horizon <= 0 {
+		fmt.Fprintln(w, "dedup horizon: unlimited (no dedup.retention: processed_events rows are kept for ever, so no rewind re-applies effects)")
+	} else {
+		fmt.Fprintf(w, "dedup horizon: %v (dedup.retention)\n", plan.Horizon)
+		if err := plan.CheckHorizon(req); err != nil {
+			fmt.Fprintf(w, "REFUSED without --risk-reapplying-effects: %v\n", err)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	if !dry {
+		fmt.Fprintln(tw, "TOPIC\tPARTITION\tFROM\tTO\tRECORDS")
+		for _, p := range plan.Partitions {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", p.Topic, p.Partition, p.Current, p.Target, max(0, p.Current-p.Target))
+		}
+		tw.Flush()
+		return
+	}
+	fmt.Fprintln(tw, "TOPIC\tPARTITION\tFROM\tTO\tRECORDS\tUNDECODABLE\tHANDLER\tAPPLY\tSKIP\tCONFLICT")
+	totals := map[string]*replay.PairCounts{}
+	var records int64
+	for _, p := range plan.Partitions {
+		records += p.Records
+		for _, h := range handlerOrder(p) {
+			c := p.Handlers[h]
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\n", p.Topic, p.Partition, p.Current, p.Target,
+				p.Records, p.Undecodable, h, c.Applied, c.Skipped, c.Conflicts)
+			t := totals[h]
+			if t == nil {
+				t = &replay.PairCounts{}
+				totals[h] = t
+			}
+			t.Applied, t.Skipped, t.Conflicts = t.Applied+c.Applied, t.Skipped+c.Skipped, t.Conflicts+c.Conflicts
+		}
+	}
+	if len(plan.Partitions) > 0 {
+		for _, h := range handlerOrder(plan.Partitions[0]) {
+			t := totals[h]
+			fmt.Fprintf(tw, "total\t\t\t\t%d\t\t%s\t%d\t%d\t%d\n", records, h, t.Applied, t.Skipped, t.Conflicts)
+		}
+	}
+	tw.Flush()
+}
+
+// handlerOrder lists a counted partition's handlers in a stable order.
+func handlerOrder(p replay.Partition) []string {
+	hs := make([]string, 0, len(p.Handlers))
+	for h := range p.Handlers {
+		hs = append(hs, h)
+	}
+	slices.Sort(hs)
+	return hs
+}

@@ -1,0 +1,104 @@
+package dedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Digest is a 16-byte fingerprint of an event's payload: the first half of
+// the SHA-256 of the record value's bytes, exactly as received. The zero
+// Digest means "unknown" (a processed_events row written before digests
+// were stored) and never conflicts with anything.
+//
+// The digest is of bytes, not of meaning: a producer that serializes the
+// same event twice with fields in another order or other whitespace makes
+// two different digests, and the second delivery is a conflict.
+type Digest [16]byte
+
+// PayloadDigest returns the Digest of payload.
+func PayloadDigest(payload []byte) Digest {
+	s := sha256.Sum256(payload)
+	var d Digest
+	copy(d[:], s[:len(d)])
+	return d
+}
+
+// Conflicts reports whether a and b are both known and differ: the same
+// event id carried two different payloads.
+func (a Digest) Conflicts(b Digest) bool {
+	return a != Digest{} && b != Digest{} && a != b
+}
+
+// bytes is d as a bytea parameter: nil (NULL) when d is unknown.
+func (d Digest) bytes() []byte {
+	if d == (Digest{}) {
+		return nil
+	}
+	return d[:]
+}
+
+// Digests returns, index by index, the payload digest stored in
+// processed_events for each key: the zero Digest when the row has none
+// (written before digests existed) or does not exist. It is one round
+// trip; in a transaction it sees the transaction's own claims. Writers
+// call it only on the duplicate path, for the keys Claim did not claim.
+func Digests(ctx context.Context, q Querier, table string, keys []Key) ([]Digest, error) {
+	out := make([]Digest, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	ids := make([][16]byte, len(keys))
+	handlers := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.EventID
+		handlers[i] = k.Handler
+	}
+	rows, err := q.Query(ctx, `SELECT k.i, p.payload_digest
+FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS k(event_id, handler, i)
+JOIN `+table+` p ON p.event_id = k.event_id AND p.handler = k.handler
+WHERE p.payload_digest IS NOT NULL`, ids, handlers)
+	if err != nil {
+		return nil, fmt.Errorf("read payload digests: %w", err)
+	}
+	var i int64
+	var d []byte
+	_, err = pgx.ForEachRow(rows, []any{&i, &d}, func() error {
+		if i >= 1 && int(i) <= len(out) && len(d) == len(Digest{}) {
+			out[i-1] = Digest(d)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read payload digests: %w", err)
+	}
+	return out, nil
+}
+
+// Unclaim deletes the processed_events rows of keys. A writer uses it,
+// inside the claiming transaction, to take back claims it made for an
+// event it then refused (a conflicting duplicate), so that no row says a
+// handler applied what it did not.
+func Unclaim(ctx context.Context, q Querier, table string, keys []Key) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	ids := make([][16]byte, len(keys))
+	handlers := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.EventID
+		handlers[i] = k.Handler
+	}
+	rows, err := q.Query(ctx, `DELETE FROM `+table+` p USING unnest($1::uuid[], $2::text[]) AS k(event_id, handler)
+WHERE p.event_id = k.event_id AND p.handler = k.handler`, ids, handlers)
+	if err != nil {
+		return fmt.Errorf("unclaim events: %w", err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("unclaim events: %w", err)
+	}
+	return nil
+}

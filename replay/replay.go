@@ -1,0 +1,404 @@
+package replay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
+)
+
+// Config configures a Replayer. Zero values take the defaults noted.
+type Config struct {
+	Pool    *pgxpool.Pool // required; owned by the caller
+	Brokers []string      // required
+	// KafkaOptions are added to every Kafka client the Replayer makes
+	// (TLS, SASL, client id...).
+	KafkaOptions []kgo.Opt
+	Schema       string   // where sink's tables are; default "public"
+	Group        string   // the consumer group to rewind; required
+	Topics       []string // the group's topics; required
+	// Handlers are the handlers the group runs (config key handlers):
+	// the dry run counts their pairs, and a backfill's handler must be
+	// one of them. Required.
+	Handlers []string
+	// Decode is how the group decodes records (config keys decode.*); the
+	// dry run reads event ids the same way.
+	Decode processor.DecodeConfig
+	// Horizon is how long processed_events rows are kept (dedup.retention):
+	// a rewind reaching a record older than that is refused unless forced.
+	// 0 means rows are kept for ever: no rewind is refused for its age.
+	Horizon time.Duration
+	// CallTimeout bounds each call to Kafka or Postgres; default 30s. The
+	// dry run's read of the records is bounded by the caller's ctx only.
+	CallTimeout time.Duration
+	Logger      *slog.Logger // nil discards
+}
+
+// DefaultCallTimeout is Config.CallTimeout's default.
+const DefaultCallTimeout = 30 * time.Second
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = sink.DefaultSchema
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate returns every problem with c, each naming its field.
+func (c Config) Validate() error {
+	var ps []error
+	if c.Pool == nil {
+		ps = append(ps, errors.New("replay: Pool is required"))
+	}
+	if len(c.Brokers) == 0 {
+		ps = append(ps, errors.New("replay: Brokers are required (kafka.brokers)"))
+	}
+	if c.Group == "" {
+		ps = append(ps, errors.New("replay: Group is required (kafka.group)"))
+	}
+	if len(c.Topics) == 0 {
+		ps = append(ps, errors.New("replay: Topics are required (kafka.topics)"))
+	}
+	if len(c.Handlers) == 0 {
+		ps = append(ps, errors.New("replay: Handlers are required (handlers)"))
+	}
+	if c.Horizon < 0 {
+		ps = append(ps, fmt.Errorf("replay: Horizon %v is negative", c.Horizon))
+	}
+	if c.CallTimeout < 0 {
+		ps = append(ps, fmt.Errorf("replay: CallTimeout %v is negative", c.CallTimeout))
+	}
+	return errors.Join(ps...)
+}
+
+// Replayer plans, counts and performs rewinds of one group. Create it with
+// New and Close it. It is safe for concurrent use, but two rewinds of one
+// group at once make no sense.
+type Replayer struct {
+	cfg   Config
+	cl    *kgo.Client // admin requests only; consumes nothing
+	adm   *kadm.Client
+	table func(string) string
+}
+
+// New returns a Replayer over cfg, or every problem with cfg. It connects
+// lazily: a broker that does not answer fails the first call, not New.
+func New(cfg Config) (*Replayer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOptions...)...)
+	if err != nil {
+		return nil, fmt.Errorf("replay: kafka client: %w", err)
+	}
+	return &Replayer{cfg: cfg, cl: cl, adm: kadm.NewClient(cl),
+		table: func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }}, nil
+}
+
+// Close releases the Kafka client. The pool is the caller's.
+func (r *Replayer) Close() { r.cl.Close() }
+
+// TopicPartition names one partition.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+func (tp TopicPartition) String() string { return fmt.Sprintf("%s/%d", tp.Topic, tp.Partition) }
+
+// Target is where a rewind goes: exactly one of its fields is set.
+type Target struct {
+	// Time: the first record whose timestamp is at or after Time (the log
+	// end, where no record is that recent).
+	Time time.Time
+	// Offsets: an offset per partition; partitions not listed are not
+	// moved.
+	Offsets map[TopicPartition]int64
+	// Start: the log start of every partition.
+	Start bool
+}
+
+func (t Target) validate() error {
+	n := 0
+	if !t.Time.IsZero() {
+		n++
+	}
+	if t.Offsets != nil {
+		n++
+	}
+	if t.Start {
+		n++
+	}
+	if n != 1 {
+		return errors.New("replay: give exactly one target: a time, offsets per partition, or the log start")
+	}
+	return nil
+}
+
+// Request is one rewind or backfill.
+type Request struct {
+	Target Target
+	// Backfill names the one handler the rewind is for (it must be one of
+	// Config.Handlers); empty for a rewind of the whole group. A backfill
+	// with no Target goes to the log start.
+	Backfill string
+	// RiskReapplyingEffects lets a rewind reach records older than the
+	// dedup horizon, whose processed_events rows may be gone: their
+	// effects would be applied again.
+	RiskReapplyingEffects bool
+}
+
+// Partition is one partition of a Plan: where the group is, where the
+// rewind goes and, after Count, what replaying the range would do.
+type Partition struct {
+	TopicPartition
+	// Current is the group's next offset now: sink_offsets where it has
+	// one, else Kafka's committed offset, else the log start.
+	Current int64
+	// Target is the next offset after the rewind (Current when the
+	// partition does not move).
+	Target int64
+	// Oldest is the timestamp of the record at Target, read only when a
+	// Horizon is set; zero otherwise or when the range is empty.
+	Oldest time.Time
+
+	// Filled by Count.
+	Counted     bool
+	Records     int64                  // records in [Target, Current)
+	Undecodable int64                  // of which would be dead-lettered by the decoder
+	Handlers    map[string]*PairCounts // per handler
+}
+
+// PairCounts is what replaying a range would do for one handler.
+type PairCounts struct {
+	Applied   int64 `json:"applied"`   // pairs with no processed_events row: claimed and applied
+	Skipped   int64 `json:"skipped"`   // pairs already applied (or earlier in the range): skipped as duplicates
+	Conflicts int64 `json:"conflicts"` // pairs whose id was applied with another payload: dead-lettered
+}
+
+// Plan is a rewind resolved against the group's current position.
+type Plan struct {
+	Group      string
+	Backfill   string
+	Horizon    time.Duration
+	Partitions []Partition // sorted by topic and partition
+}
+
+// Moves reports whether the plan moves any partition.
+func (p *Plan) Moves() bool {
+	return slices.ContainsFunc(p.Partitions, func(x Partition) bool { return x.Target < x.Current })
+}
+
+// Plan resolves req against the group's current position: per partition,
+// where the group is and where it would go. It writes nothing. A target
+// past the group's position is an error (that would skip records); so is
+// a backfill of a handler the group does not run.
+func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
+	if req.Backfill != "" && req.Target.Time.IsZero() && req.Target.Offsets == nil && !req.Target.Start {
+		req.Target.Start = true
+	}
+	if err := req.Target.validate(); err != nil {
+		return nil, err
+	}
+	if req.Backfill != "" && !slices.Contains(r.cfg.Handlers, req.Backfill) {
+		return nil, fmt.Errorf("replay: handler %q is not among the group's handlers %v: add it to handlers (and deploy it) first, or the backfill would apply nothing for it",
+			req.Backfill, r.cfg.Handlers)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	starts, err := r.adm.ListStartOffsets(ctx, r.cfg.Topics...)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: list start offsets of %v: %w", r.cfg.Topics, err)
+	}
+	ends, err := r.adm.ListEndOffsets(ctx, r.cfg.Topics...)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: list end offsets of %v: %w", r.cfg.Topics, err)
+	}
+	var after kadm.ListedOffsets
+	if !req.Target.Time.IsZero() {
+		after, err = r.adm.ListOffsetsAfterMilli(ctx, req.Target.Time.UnixMilli(), r.cfg.Topics...)
+		if err == nil {
+			err = after.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("replay: list offsets after %s: %w", req.Target.Time.Format(time.RFC3339), err)
+		}
+	}
+	current, err := r.current(ctx, starts)
+	if err != nil {
+		return nil, err
+	}
+	plan := &Plan{Group: r.cfg.Group, Backfill: req.Backfill, Horizon: r.cfg.Horizon}
+	for tp, cur := range current {
+		p := Partition{TopicPartition: tp, Current: cur, Target: cur}
+		switch {
+		case req.Target.Start:
+			s, _ := starts.Lookup(tp.Topic, tp.Partition)
+			p.Target = s.Offset
+		case !req.Target.Time.IsZero():
+			a, ok := after.Lookup(tp.Topic, tp.Partition)
+			if !ok || a.Offset < 0 {
+				a, _ = ends.Lookup(tp.Topic, tp.Partition)
+			}
+			p.Target = min(a.Offset, cur) // a time after the position moves nothing
+		default:
+			o, ok := req.Target.Offsets[tp]
+			if !ok {
+				break
+			}
+			s, _ := starts.Lookup(tp.Topic, tp.Partition)
+			e, _ := ends.Lookup(tp.Topic, tp.Partition)
+			switch {
+			case o > cur:
+				return nil, fmt.Errorf("replay: %s: offset %d is past the group's position %d: that would skip records, not replay them", tp, o, cur)
+			case o < s.Offset || o > e.Offset:
+				return nil, fmt.Errorf("replay: %s: offset %d is outside the log [%d, %d)", tp, o, s.Offset, e.Offset)
+			}
+			p.Target = o
+		}
+		plan.Partitions = append(plan.Partitions, p)
+	}
+	for tp := range req.Target.Offsets {
+		if _, ok := current[tp]; !ok {
+			return nil, fmt.Errorf("replay: %s is not a partition of the group's topics %v", tp, r.cfg.Topics)
+		}
+	}
+	slices.SortFunc(plan.Partitions, func(a, b Partition) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	if r.cfg.Horizon > 0 {
+		if err := r.readOldest(ctx, plan); err != nil {
+			return nil, err
+		}
+	}
+	return plan, nil
+}
+
+// current is the group's next offset per partition of its topics:
+// sink_offsets, else Kafka's committed offset, else the log start — where
+// a member would start.
+func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[TopicPartition]int64, error) {
+	out := map[TopicPartition]int64{}
+	starts.Each(func(o kadm.ListedOffset) {
+		if o.Partition >= 0 {
+			out[TopicPartition{o.Topic, o.Partition}] = o.Offset
+		}
+	})
+	committed, err := r.adm.FetchOffsetsForTopics(ctx, r.cfg.Group, r.cfg.Topics...)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		committed, err = nil, nil // the group never committed: nothing to read
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: fetch the committed offsets of group %s: %w", r.cfg.Group, err)
+	}
+	committed.Each(func(o kadm.OffsetResponse) {
+		tp := TopicPartition{o.Topic, o.Partition}
+		if _, ok := out[tp]; ok && o.Err == nil && o.At >= 0 {
+			out[tp] = o.At
+		}
+	})
+	rows, err := r.cfg.Pool.Query(ctx, `SELECT topic, partition, next_offset FROM `+r.table("sink_offsets")+`
+WHERE consumer_group = $1 AND topic = ANY($2) AND next_offset IS NOT NULL`, r.cfg.Group, r.cfg.Topics)
+	if err != nil {
+		return nil, fmt.Errorf("replay: read sink_offsets: %w", err)
+	}
+	var tp TopicPartition
+	var next int64
+	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &next}, func() error {
+		if _, ok := out[tp]; ok {
+			out[tp] = next
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replay: read sink_offsets: %w", err)
+	}
+	return out, nil
+}
+
+// readOldest sets Oldest, the timestamp of the record at Target, for every
+// partition that moves.
+func (r *Replayer) readOldest(ctx context.Context, plan *Plan) error {
+	ranges := map[TopicPartition][2]int64{}
+	for _, p := range plan.Partitions {
+		if p.Target < p.Current {
+			ranges[p.TopicPartition] = [2]int64{p.Target, p.Target + 1}
+		}
+	}
+	oldest := map[TopicPartition]time.Time{}
+	err := r.read(ctx, ranges, func(rec *kgo.Record) error {
+		tp := TopicPartition{rec.Topic, rec.Partition}
+		if _, ok := oldest[tp]; !ok {
+			oldest[tp] = rec.Timestamp
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := range plan.Partitions {
+		plan.Partitions[i].Oldest = oldest[plan.Partitions[i].TopicPartition]
+	}
+	return nil
+}
+
+// HorizonError is a rewind refused because it reaches records older than
+// the dedup horizon.
+type HorizonError struct {
+	Partition TopicPartition
+	Offset    int64
+	Oldest    time.Time
+	Horizon   time.Duration
+}
+
+func (e *HorizonError) Error() string {
+	return fmt.Sprintf("replay: %s: the rewind to offset %d reaches a record of %s (%s ago), older than the dedup horizon %v (dedup.retention): "+
+		"its processed_events rows may be gone, so its effects would be applied again; choose a later target, or pass --risk-reapplying-effects",
+		e.Partition, e.Offset, e.Oldest.UTC().Format(time.RFC3339), time.Since(e.Oldest).Round(time.Second), e.Horizon)
+}
+
+// checkHorizon returns a *HorizonError for the first partition whose
+// rewind reaches past the horizon, unless forced.
+func (p *Plan) checkHorizon(now time.Time, forced bool) error {
+	if p.Horizon <= 0 || forced {
+		return nil
+	}
+	for _, x := range p.Partitions {
+		if x.Target < x.Current && !x.Oldest.IsZero() && x.Oldest.Before(now.Add(-p.Horizon)) {
+			return &HorizonError{Partition: x.TopicPartition, Offset: x.Target, Oldest: x.Oldest, Horizon: p.Horizon}
+		}
+	}
+	return nil
+}
+
+// CheckHorizon returns a *HorizonError when the plan reaches records older
+// than the dedup horizon and req does not force it. Rewind calls it; a dry
+// run calls it to report.
+func (p *Plan) CheckHorizon(req Request) error {
+	return p.checkHorizon(time.Now(), req.RiskReapplyingEffects)
+}

@@ -1,0 +1,180 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+)
+
+// ErrGroupActive is returned (wrapped in a *GroupActiveError) when a rewind
+// finds the group with members: a running member would go on from its own
+// position, and its commits would undo the rewind.
+var ErrGroupActive = errors.New("consumer group has live members")
+
+// GroupActiveError names the group's state and members.
+type GroupActiveError struct {
+	Group   string
+	State   string
+	Members []string // client ids @ hosts
+}
+
+func (e *GroupActiveError) Error() string {
+	return fmt.Sprintf("replay: group %s is %s with %d live member(s) (%s): stop every `onceflow run` of the group (and wait for it to leave) before a rewind: %v",
+		e.Group, e.State, len(e.Members), strings.Join(e.Members, ", "), ErrGroupActive)
+}
+
+func (e *GroupActiveError) Unwrap() error { return ErrGroupActive }
+
+// CheckStopped returns a *GroupActiveError when the group has members or
+// is rebalancing, per the group coordinator (classic groups, and KIP-848
+// consumer groups).
+func (r *Replayer) CheckStopped(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	described, err := r.adm.DescribeGroups(ctx, r.cfg.Group)
+	if err != nil {
+		return fmt.Errorf("replay: describe group %s: %w", r.cfg.Group, err)
+	}
+	if g, ok := described[r.cfg.Group]; ok && g.Err == nil {
+		if len(g.Members) > 0 || !idle(g.State) {
+			ae := &GroupActiveError{Group: r.cfg.Group, State: g.State}
+			for _, m := range g.Members {
+				ae.Members = append(ae.Members, m.ClientID+"@"+m.ClientHost)
+			}
+			return ae
+		}
+		return nil
+	}
+	// Not a classic group: it may be a KIP-848 consumer group.
+	cg, err := r.adm.DescribeConsumerGroups(ctx, r.cfg.Group)
+	if err != nil {
+		return fmt.Errorf("replay: describe group %s: %w", r.cfg.Group, err)
+	}
+	if g, ok := cg[r.cfg.Group]; ok && g.Err == nil && (len(g.Members) > 0 || !idle(g.State)) {
+		ae := &GroupActiveError{Group: r.cfg.Group, State: g.State}
+		for _, m := range g.Members {
+			ae.Members = append(ae.Members, m.ClientID+"@"+m.ClientHost)
+		}
+		return ae
+	}
+	return nil
+}
+
+// idle reports whether a group state has no members: Empty, or Dead (the
+// group does not exist).
+func idle(state string) bool {
+	s := strings.ToLower(state)
+	return s == "empty" || s == "dead" || s == ""
+}
+
+// Rewind performs plan: it checks that the group is stopped and that the
+// plan stays within the dedup horizon (unless req forces it), then, for
+// every partition that moves, in one Postgres transaction stores the
+// target in sink_offsets with a new epoch and records a sink_replays row,
+// and then commits the targets to Kafka for the group. A partition whose
+// stored offset is no longer the plan's Current (the group consumed since
+// the plan) makes the whole rewind fail with nothing changed.
+//
+// Postgres is written first because members resume from it: if the Kafka
+// commit then fails, the rewind has still happened for every member (the
+// error says so; Kafka's offsets then follow at the group's first commits). The new epoch fences any member that took a partition before the
+// transaction, so none can store an offset over the rewind.
+func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
+	if err := plan.CheckHorizon(req); err != nil {
+		return err
+	}
+	if err := r.CheckStopped(ctx); err != nil {
+		return err
+	}
+	moves := slices.DeleteFunc(slices.Clone(plan.Partitions), func(p Partition) bool { return p.Target >= p.Current })
+	if len(moves) == 0 {
+		return nil
+	}
+	forced := req.RiskReapplyingEffects && plan.Horizon > 0 && plan.checkHorizon(time.Now(), false) != nil
+	var handler *string
+	if plan.Backfill != "" {
+		handler = &plan.Backfill
+	}
+	n := len(moves)
+	topics, parts, targets, currents := make([]string, n), make([]int32, n), make([]int64, n), make([]int64, n)
+	for i, p := range moves {
+		topics[i], parts[i], targets[i], currents[i] = p.Topic, p.Partition, p.Target, p.Current
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(pctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if err := r.checkUnmoved(pctx, tx, moves); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_offsets")+` AS o (consumer_group, topic, partition, next_offset, epoch)
+SELECT $1, m.topic, m.partition, m.target, 1 FROM unnest($2::text[], $3::int[], $4::bigint[]) AS m(topic, partition, target)
+ORDER BY m.topic, m.partition
+ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, epoch = o.epoch + 1, updated_at = now()`,
+			r.cfg.Group, topics, parts, targets); err != nil {
+			return fmt.Errorf("store the targets in sink_offsets: %w", err)
+		}
+		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_replays")+` (consumer_group, topic, partition, from_offset, to_offset, handler, forced)
+SELECT $1, m.topic, m.partition, m.current, m.target, $5, $6 FROM unnest($2::text[], $3::int[], $4::bigint[], $7::bigint[]) AS m(topic, partition, target, current)`,
+			r.cfg.Group, topics, parts, targets, handler, forced, currents); err != nil {
+			return fmt.Errorf("record the rewind in sink_replays: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay: rewind group %s in Postgres (nothing changed): %w", r.cfg.Group, err)
+	}
+	offsets := kadm.Offsets{}
+	for _, p := range moves {
+		offsets.Add(kadm.Offset{Topic: p.Topic, Partition: p.Partition, At: p.Target, LeaderEpoch: -1})
+	}
+	kctx, kcancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer kcancel()
+	resp, err := r.adm.CommitOffsets(kctx, r.cfg.Group, offsets)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("replay: group %s is rewound in Postgres, where members resume, so the replay will happen; "+
+			"its Kafka committed offsets are not rewound (%w) and follow once the group commits again", r.cfg.Group, err)
+	}
+	r.cfg.Logger.Info("replay: group rewound", "group", r.cfg.Group, "partitions", len(moves), "backfill", plan.Backfill, "forced", forced)
+	return nil
+}
+
+// checkUnmoved locks the sink_offsets rows of moves and returns an error if
+// one holds an offset other than the plan's Current: the group consumed
+// since the plan, whose counts and targets are then stale.
+func (r *Replayer) checkUnmoved(ctx context.Context, tx pgx.Tx, moves []Partition) error {
+	topics, parts := make([]string, len(moves)), make([]int32, len(moves))
+	planned := map[TopicPartition]int64{}
+	for i, p := range moves {
+		topics[i], parts[i] = p.Topic, p.Partition
+		planned[p.TopicPartition] = p.Current
+	}
+	rows, err := tx.Query(ctx, `SELECT o.topic, o.partition, o.next_offset FROM `+r.table("sink_offsets")+` o
+JOIN unnest($2::text[], $3::int[]) AS m(topic, partition) ON o.topic = m.topic AND o.partition = m.partition
+WHERE o.consumer_group = $1 AND o.next_offset IS NOT NULL
+ORDER BY o.topic, o.partition FOR UPDATE OF o`, r.cfg.Group, topics, parts)
+	if err != nil {
+		return fmt.Errorf("lock sink_offsets: %w", err)
+	}
+	var tp TopicPartition
+	var next int64
+	var moved error
+	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &next}, func() error {
+		if cur := planned[tp]; next != cur && moved == nil {
+			moved = fmt.Errorf("%s is at offset %d, not %d as planned: the group consumed since the plan; plan again", tp, next, cur)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("lock sink_offsets: %w", err)
+	}
+	return moved
+}

@@ -1,0 +1,95 @@
+package sink
+
+import (
+	"context"
+	"slices"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/dedup"
+)
+
+// ReasonConflict is the dead-letter reason of a conflicting duplicate: an
+// event whose id was already applied (or claimed earlier in its batch)
+// with a different payload. The first version's effects stand; the second
+// applies nothing, for any handler.
+const ReasonConflict = "event_id reused with a different payload"
+
+// checkDuplicates compares the payload digest of every key Claim did not
+// claim with the digest stored in processed_events, in one round trip, and
+// only when there are such keys: this is the whole cost of conflict
+// detection on the duplicate path (see dedup's BenchmarkDuplicateCheck). It
+// returns the stored digests (index by index of keys; zero for claimed
+// keys and rows without a digest) and the events (indexes into b.Events)
+// that conflict.
+func (w *Writer) checkDuplicates(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, won []bool) ([]dedup.Digest, map[int]bool, error) {
+	stored := make([]dedup.Digest, len(keys))
+	var dups []int
+	for i := range keys {
+		if !won[i] {
+			dups = append(dups, i)
+		}
+	}
+	if len(dups) == 0 {
+		return stored, nil, nil
+	}
+	ks := make([]dedup.Key, len(dups))
+	for j, i := range dups {
+		ks[j] = keys[i].key
+	}
+	ds, err := dedup.Digests(ctx, tx, w.processed, ks)
+	if err != nil {
+		return nil, nil, err
+	}
+	var conflicting map[int]bool
+	for j, i := range dups {
+		stored[i] = ds[j]
+		if ds[j].Conflicts(keys[i].digest) {
+			if conflicting == nil {
+				conflicting = map[int]bool{}
+			}
+			conflicting[keys[i].event] = true
+		}
+	}
+	return stored, conflicting, nil
+}
+
+// refuseConflicts takes back the claims the conflicting events made in tx
+// (a handler that had not seen the id yet) and returns their dead letters,
+// in event order.
+func (w *Writer) refuseConflicts(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, won []bool, conflicting map[int]bool) ([]DeadLetter, error) {
+	var undo []dedup.Key
+	for i, p := range keys {
+		if won[i] && conflicting[p.event] {
+			undo = append(undo, p.key)
+		}
+	}
+	if err := dedup.Unclaim(ctx, tx, w.processed, undo); err != nil {
+		return nil, err
+	}
+	events := make([]int, 0, len(conflicting))
+	for e := range conflicting {
+		events = append(events, e)
+	}
+	slices.Sort(events)
+	dead := make([]DeadLetter, len(events))
+	for j, e := range events {
+		dead[j] = w.conflictLetter(b, e, "postgres")
+	}
+	return dead, nil
+}
+
+// conflictLetter is the dead letter of event i of b, a conflicting
+// duplicate found by layer (lru or postgres).
+func (w *Writer) conflictLetter(b *Batch, i int, layer string) DeadLetter {
+	e := b.Events[i]
+	w.log.Warn("dedup.conflict: event_id reused with a different payload; the first version's effects stand",
+		"step", "dedup.conflict", "event_id", e.ID.String(), "bus", w.cfg.Bus, "layer", layer,
+		"topic", e.Topic, "partition", e.Partition, "offset", e.Offset)
+	return DeadLetter{
+		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
+		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
+		Reason:  ReasonConflict, Key: e.Key, Value: e.Value,
+	}
+}
