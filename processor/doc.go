@@ -26,6 +26,34 @@
 // dead-letter topic asynchronously, from the table, so a broker that
 // refuses one delays only the copy.
 //
+// # Memory
+//
+// What a Consumer holds of the stream is bounded by configuration, not by
+// the backlog:
+//
+//   - fetches: franz-go keeps at most one fetch response per broker,
+//     either in flight or buffered, and sends that broker its next fetch
+//     only once the buffered one has been polled to the end (kgo's
+//     MaxConcurrentFetches defaults to the number of brokers). A response
+//     is at most FetchMaxBytes (a first batch larger than the limit still
+//     comes, so a partition always progresses), each partition's share at
+//     most FetchMaxPartitionBytes: brokers × FetchMaxBytes in all;
+//   - queues: a partition's queue is paused at twice BatchMaxRecords (at
+//     least 256 records) or twice BatchMaxBytes of values, so the records
+//     queued are at most partitions × 2 × BatchMaxBytes of values plus
+//     about 200 bytes of kgo.Record per record, and a partition in hand
+//     of its worker adds one batch.
+//
+// Record values are not copied out of the response they came in (franz-go
+// decodes them in place), so a queued record keeps its whole response
+// alive: while queues are full, a member can hold a few responses per
+// broker beyond the one being fetched. With the defaults (16 MiB, 1 MiB,
+// 1000 records, 4 MiB) and records of a few hundred bytes the queues stay
+// near partitions × 2000 records, a few MiB; the LRU of package dedup
+// adds about 200 bytes per entry. Set GOMEMLIMIT a little under the
+// container's limit so that the Go runtime collects before the kernel
+// kills; the bound above is what keeps live memory under it.
+//
 // # Errors
 //
 // Errors are classified by sink.Classify: transient ones (connections,

@@ -70,6 +70,7 @@ func (a *app) consumerTuning(name string) processor.Config {
 		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
 		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
+		FetchMaxBytes:    k.FetchMaxBytes, FetchMaxPartitionBytes: k.FetchMaxPartitionBytes,
 	}
 }
 
