@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,6 +37,7 @@ type backlogOptions struct {
 	sampleEvery time.Duration
 	timeout     time.Duration
 	keep        bool
+	reference   string // an earlier run's results.json to compare with
 }
 
 func parseBacklogFlags(args []string) (backlogOptions, error) {
@@ -64,6 +66,7 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	fs.IntVar(&o.spans, "spans", 10, "spans of equal table growth in the rate-by-size table")
 	fs.DurationVar(&o.sampleEvery, "sample", time.Second, "sampling interval")
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Hour, "give up when the backlog is not committed by then")
+	fs.StringVar(&o.reference, "reference", "", "results.json of an earlier backlog run (e.g. -prefill 0) whose median span rate this run's is compared with")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema and the topic (to look at them after)")
 	fs.StringVar(&o.out, "out", "benchmarks/out/backlog", "output directory")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated events")
@@ -122,10 +125,14 @@ type BacklogReport struct {
 	BySize        []SizeRate `json:"by_size"`
 	HoldRatio     float64    `json:"hold_ratio"` // last span's events/s over the first's
 	RawCopy       *Run       `json:"raw_copy,omitempty"`
-	// RatioRawCopy is the last span's events/s (the member on the largest
-	// table) over the raw copy's, which writes on top of it.
-	RatioRawCopy float64         `json:"ratio_to_raw_copy,omitempty"`
-	Samples      []BacklogSample `json:"samples"`
+	// RatioRawCopy is the member's median span rate over the raw copy's,
+	// which writes on top of the tables the member left.
+	RatioRawCopy float64 `json:"ratio_to_raw_copy,omitempty"`
+	// MedianEventsPerSec is the median of the spans' rates; Reference
+	// compares it with an earlier run's (-reference).
+	MedianEventsPerSec float64         `json:"median_events_per_sec"`
+	Reference          *Reference      `json:"reference,omitempty"`
+	Samples            []BacklogSample `json:"samples"`
 }
 
 func runBacklog(ctx context.Context, o backlogOptions) error {
@@ -174,14 +181,15 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	}
 	rep.Records, rep.UniqueEvents = len(stream.Messages), len(stream.Unique)
 	t := time.Now()
-	if err := produce(ctx, e, stream.Messages, compressions[o.compression]); err != nil {
+	ends, err := produce(ctx, e, stream.Messages, compressions[o.compression])
+	if err != nil {
 		return fmt.Errorf("produce the backlog: %w", err)
 	}
 	rep.ProduceSecs = time.Since(t).Seconds()
 	progress("backlog: %d records (%d unique events) on %s in %.0fs", rep.Records, rep.UniqueEvents, e.topic, rep.ProduceSecs)
 	stream.Messages = nil // the check needs only the events
 
-	if err := b.runMember(ctx, o, rep, e, bin); err != nil {
+	if err := b.runMember(ctx, o, rep, e, bin, ends); err != nil {
 		return err
 	}
 	check, closeCheck, err := checkViews(ctx, e, rep.Prefill.MaxEmailID)
@@ -200,8 +208,13 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 		if rep.RawCopy, err = b.rawCopyOn(ctx, e, o, events); err != nil {
 			return fmt.Errorf("raw copy: %w", err)
 		}
-		if rep.RawCopy.UniqueEventsPerSec > 0 && len(rep.BySize) > 0 {
-			rep.RatioRawCopy = rep.BySize[len(rep.BySize)-1].EventsPerSec / rep.RawCopy.UniqueEventsPerSec
+		if rep.RawCopy.UniqueEventsPerSec > 0 {
+			rep.RatioRawCopy = rep.MedianEventsPerSec / rep.RawCopy.UniqueEventsPerSec
+		}
+	}
+	if o.reference != "" {
+		if rep.Reference, err = readReference(o.reference, rep.MedianEventsPerSec); err != nil {
+			return fmt.Errorf("-reference: %w", err)
 		}
 	}
 	if err := writeBacklog(o.out, rep); err != nil {
@@ -215,9 +228,35 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	return nil
 }
 
+// Reference is an earlier run this one is compared with.
+type Reference struct {
+	Path               string  `json:"path"`
+	PrefillRows        int64   `json:"prefill_rows"`
+	MedianEventsPerSec float64 `json:"median_events_per_sec"`
+	Ratio              float64 `json:"ratio"` // this run's median span rate over the reference's
+}
+
+// reference reads an earlier backlog run's results.json.
+func readReference(path string, medianNow float64) (*Reference, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r BacklogReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	ref := &Reference{Path: path, PrefillRows: r.Prefill.Rows, MedianEventsPerSec: medianRate(r.BySize)}
+	if ref.MedianEventsPerSec > 0 {
+		ref.Ratio = medianNow / ref.MedianEventsPerSec
+	}
+	return ref, nil
+}
+
 // runMember runs one onceflow member on e until every record of the
 // backlog is committed, sampling it every o.sampleEvery, and stops it.
-func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogReport, e *env, bin string) error {
+// ends is the offset after each partition's last record.
+func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogReport, e *env, bin string, ends map[int32]int64) error {
 	env := []string{
 		"ONCEFLOW_KAFKA_BROKERS=" + strings.Join(e.brokers, ","),
 		"ONCEFLOW_KAFKA_TOPICS=" + e.topic,
@@ -257,9 +296,14 @@ func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogRep
 		}
 		s.Applied, s.Consumed = applied, consumed
 		s.DedupRows = rep.Prefill.Rows + applied
-		if s.Committed, err = e.committed(ctx); err != nil {
+		next, err := nextOffsets(ctx, e)
+		if err != nil {
 			return err
 		}
+		for _, n := range next {
+			s.Committed += n
+		}
+		s.PartitionsDone = partitionsDone(next, ends)
 		if err := e.pool.QueryRow(ctx, sizes, processed, emails).Scan(&s.TableBytes, &s.IndexBytes, &s.BusinessBytes); err != nil {
 			return fmt.Errorf("table sizes: %w", err)
 		}
@@ -280,6 +324,7 @@ func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogRep
 	rep.RecordsPerSec = float64(rep.Records) / rep.Seconds
 	rep.BySize = bySize(rep.Samples, len(o.handlers), o.spans)
 	rep.HoldRatio = holdRatio(rep.BySize)
+	rep.MedianEventsPerSec = medianRate(rep.BySize)
 	if err := m.stop(); err != nil {
 		return fmt.Errorf("member did not stop cleanly (%v):\n%s", err, m.logTail())
 	}
@@ -287,21 +332,45 @@ func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogRep
 	return nil
 }
 
-// produce publishes msgs to e's topic as fast as the client batches them.
-func produce(ctx context.Context, e *env, msgs []orders.Message, codec kgo.CompressionCodec) error {
+// nextOffsets reads the group's next offset per partition from
+// sink_offsets.
+func nextOffsets(ctx context.Context, e *env) (map[int32]int64, error) {
+	rows, err := e.pool.Query(ctx, `SELECT partition, coalesce(next_offset, 0) FROM `+pgx.Identifier{e.schema, "sink_offsets"}.Sanitize()+
+		` WHERE consumer_group = $1`, e.group)
+	if err != nil {
+		return nil, fmt.Errorf("read sink_offsets: %w", err)
+	}
+	out := map[int32]int64{}
+	var p int32
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { out[p] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("read sink_offsets: %w", err)
+	}
+	return out, nil
+}
+
+// produce publishes msgs to e's topic as fast as the client batches them,
+// and returns the offset after each partition's last record.
+func produce(ctx context.Context, e *env, msgs []orders.Message, codec kgo.CompressionCodec) (map[int32]int64, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.DefaultProduceTopic(e.topic),
 		kgo.ProducerLinger(10*time.Millisecond), kgo.ProducerBatchMaxBytes(1<<20), kgo.MaxBufferedRecords(1<<16),
 		kgo.ProducerBatchCompression(codec))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer cl.Close()
-	var once sync.Once
+	var mu sync.Mutex
 	var first error
+	ends := map[int32]int64{}
 	for i, m := range msgs {
-		cl.Produce(ctx, wire.NewRecord(e.topic, m.ID, m.Value), func(_ *kgo.Record, err error) {
-			if err != nil {
-				once.Do(func() { first = err })
+		cl.Produce(ctx, wire.NewRecord(e.topic, m.ID, m.Value), func(r *kgo.Record, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && first == nil {
+				first = err
+			}
+			if err == nil {
+				ends[r.Partition] = max(ends[r.Partition], r.Offset+1)
 			}
 		})
 		if (i+1)%1_000_000 == 0 {
@@ -309,9 +378,11 @@ func produce(ctx context.Context, e *env, msgs []orders.Message, codec kgo.Compr
 		}
 	}
 	if err := cl.Flush(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	return first
+	mu.Lock()
+	defer mu.Unlock()
+	return ends, first
 }
 
 // checkViews creates a schema of views over e's tables that leave out the

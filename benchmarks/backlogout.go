@@ -68,9 +68,15 @@ func backlogMarkdown(rep *BacklogReport) string {
 		fmt.Fprintf(&b, "| %s – %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", rowsLabel(s.RowsFrom), rowsLabel(s.RowsTo),
 			s.Seconds, s.EventsPerSec, s.RecordsPerSec, s.TableMiB, s.IndexMiB, s.MaxRSSMiB)
 	}
+	fmt.Fprintf(&b, "\nMedian span: %.0f unique events/s.", rep.MedianEventsPerSec)
+	if ref := rep.Reference; ref != nil {
+		fmt.Fprintf(&b, " Reference `%s` (%d pre-filled rows): %.0f unique events/s; this run is **%.2f×** it.",
+			ref.Path, ref.PrefillRows, ref.MedianEventsPerSec, ref.Ratio)
+	}
+	b.WriteString("\n")
 	if r := rep.RawCopy; r != nil {
 		fmt.Fprintf(&b, "\nRaw COPY on the same tables afterwards: %d unique events in %.1f s = %.0f events/s (rows as expected: %v); "+
-			"the member's last span is %.2f× it.\n", r.UniqueEvents, r.Seconds, r.UniqueEventsPerSec, r.ExactlyOnce, rep.RatioRawCopy)
+			"the member's median span is **%.2f×** it.\n", r.UniqueEvents, r.Seconds, r.UniqueEventsPerSec, r.ExactlyOnce, rep.RatioRawCopy)
 	}
 	if len(rep.Samples) > 0 {
 		last := rep.Samples[len(rep.Samples)-1]

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -21,6 +22,10 @@ type BacklogSample struct {
 	IndexBytes    int64   `json:"index_bytes"`    // pg_indexes_size(processed_events)
 	BusinessBytes int64   `json:"business_bytes"` // pg_total_relation_size of emails_sent
 	RSSMiB        float64 `json:"rss_mib"`        // the member's VmRSS
+	// PartitionsDone counts the partitions whose every record is
+	// committed: from the first one on, the member works on fewer
+	// partitions than it was given, and its rate is the tail's.
+	PartitionsDone int `json:"partitions_done"`
 }
 
 // SizeRate is the member's rate while processed_events grew from
@@ -39,11 +44,18 @@ type SizeRate struct {
 // bySize splits a run's samples into spans of equal dedup-table growth and
 // gives each span's rates. The first span starts at the last sample before
 // anything was applied (the member's start-up, joining the group and the
-// first fetch are left out); a span ends at the first sample at or past
-// its boundary, so spans share their edge samples and together cover the
-// run. handlers is the number of handlers, so that applied pairs become
+// first fetch are left out); the last ends at the last sample before a
+// partition was done (the tail, with fewer partitions to work on, is left
+// out too). A span ends at the first sample at or past its boundary, so
+// spans share their edge samples and together cover the run between.
+// handlers is the number of handlers, so that applied pairs become
 // events. Spans with no time between their edges are dropped.
 func bySize(samples []BacklogSample, handlers, spans int) []SizeRate {
+	end := len(samples)
+	for end > 0 && samples[end-1].PartitionsDone > 0 {
+		end--
+	}
+	samples = samples[:end]
 	if len(samples) < 2 || spans < 1 {
 		return nil
 	}
@@ -134,4 +146,32 @@ func procStatusKiB(status, field string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// partitionsDone counts the partitions with records (ends: the offset
+// after each one's last record) whose next offset has reached the end.
+func partitionsDone(next, ends map[int32]int64) int {
+	n := 0
+	for p, end := range ends {
+		if end > 0 && next[p] >= end {
+			n++
+		}
+	}
+	return n
+}
+
+// medianRate is the median of the spans' event rates.
+func medianRate(spans []SizeRate) float64 {
+	if len(spans) == 0 {
+		return 0
+	}
+	r := make([]float64, len(spans))
+	for i, s := range spans {
+		r[i] = s.EventsPerSec
+	}
+	slices.Sort(r)
+	if len(r)%2 == 1 {
+		return r[len(r)/2]
+	}
+	return (r[len(r)/2-1] + r[len(r)/2]) / 2
 }

@@ -189,3 +189,39 @@ func TestTimeOrdered(t *testing.T) {
 		}
 	}
 }
+
+func TestBySizeLeavesOutTheTail(t *testing.T) {
+	// 1000/s for 4 s, then a partition is done and the rest trickle in.
+	s := samples(0, []int64{1000, 1000, 1000, 1000, 100, 100}, 1)
+	s[5].PartitionsDone, s[6].PartitionsDone = 1, 3
+	got := bySize(s, 1, 2)
+	want := []SizeRate{{RowsFrom: 0, RowsTo: 2000, Seconds: 2, EventsPerSec: 1000}, {RowsFrom: 2000, RowsTo: 4000, Seconds: 2, EventsPerSec: 1000}}
+	if len(got) != len(want) {
+		t.Fatalf("bySize() = %+v, want %d spans ending at 4000 rows", got, len(want))
+	}
+	for i, w := range want {
+		if got[i].RowsFrom != w.RowsFrom || got[i].RowsTo != w.RowsTo || got[i].EventsPerSec != w.EventsPerSec {
+			t.Errorf("span %d = %+v, want rows %d-%d at %v events/s", i, got[i], w.RowsFrom, w.RowsTo, w.EventsPerSec)
+		}
+	}
+	if h := holdRatio(got); h != 1 {
+		t.Errorf("holdRatio = %v, want 1 (the tail is not the table's doing)", h)
+	}
+}
+
+func TestPartitionsDone(t *testing.T) {
+	ends := map[int32]int64{0: 10, 1: 5, 2: 0} // partition 2 got no records
+	for _, tc := range []struct {
+		name string
+		next map[int32]int64
+		want int
+	}{
+		{"none stored yet", map[int32]int64{}, 0},
+		{"one reached its end", map[int32]int64{0: 9, 1: 5}, 1},
+		{"all with records done", map[int32]int64{0: 10, 1: 5}, 2},
+	} {
+		if got := partitionsDone(tc.next, ends); got != tc.want {
+			t.Errorf("%s: partitionsDone = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

@@ -44,15 +44,20 @@
 //     about 200 bytes of kgo.Record per record, and a partition in hand
 //     of its worker adds one batch.
 //
-// Record values are not copied out of the response they came in (franz-go
-// decodes them in place), so a queued record keeps its whole response
-// alive: while queues are full, a member can hold a few responses per
-// broker beyond the one being fetched. With the defaults (16 MiB, 1 MiB,
-// 1000 records, 4 MiB) and records of a few hundred bytes the queues stay
-// near partitions × 2000 records, a few MiB; the LRU of package dedup
-// adds about 200 bytes per entry. Set GOMEMLIMIT a little under the
-// container's limit so that the Go runtime collects before the kernel
-// kills; the bound above is what keeps live memory under it.
+// Record keys and values are not copied: franz-go decodes them in place,
+// in the response (uncompressed batches) or in the batch's decompressed
+// buffer, and allocates each batch's kgo.Records as one slice. A queued
+// record therefore keeps its batch's buffer and records alive, so while
+// queues are full a member holds somewhat more than the values it queues.
+// With the defaults (16 MiB, 1 MiB, 1000 records, 4 MiB) and records of a
+// few hundred bytes, fetches and queues stay in the tens of MiB; the LRU
+// of package dedup adds about 200 bytes per entry (20 MiB at 100000).
+//
+// That is the live memory. The Go runtime lets the heap grow to twice the
+// live memory before it collects (GOGC=100), so a member's resident size
+// is about twice the above plus the runtime's own; set GOMEMLIMIT a
+// little under the container's limit to make the runtime collect sooner
+// instead of the kernel killing the process.
 //
 // # Errors
 //
