@@ -28,6 +28,7 @@ type backlogOptions struct {
 	records     int    // records in the backlog, redeliveries included
 	prefill     int64  // processed_events rows before the run
 	ids         string // v4 | v7
+	fillfactor  int    // of the pre-filled event_id indexes; 0: as grown by such ids
 	compression string // the producer's
 	bin         string // a built onceflow; empty: go build ./cmd/onceflow
 	memberEnv   []string
@@ -52,6 +53,7 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	fs.StringVar(&handlers, "handlers", orders.Email, "comma-separated handlers (the member's handlers key)")
 	fs.Int64Var(&o.prefill, "prefill", 0, "processed_events rows (and one emails_sent row per event) written before the run")
 	fs.StringVar(&o.ids, "ids", "v4", "event ids of the pre-fill and the backlog: v4 (random) or v7 (time-ordered)")
+	fs.IntVar(&o.fillfactor, "prefill-fillfactor", 0, "fillfactor the pre-filled event_id indexes are built with; 0: as an index grown by such ids is (70 for v4, 90 for v7)")
 	fs.StringVar(&o.compression, "compression", "snappy", "the producer's batch compression: none, snappy, lz4 or zstd")
 	fs.StringVar(&o.bin, "bin", "", "the onceflow binary to run; empty: go build ./cmd/onceflow into -out")
 	fs.Func("member-env", "KEY=VALUE added to the member's environment (repeatable), e.g. GOMEMLIMIT=180MiB or ONCEFLOW_KAFKA_FETCH_MAX_BYTES=4194304", func(s string) error {
@@ -81,6 +83,9 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	}
 	if o.prefill < 0 || o.rawEvents < 0 || o.duplicates < 0 {
 		ps = append(ps, errors.New("-prefill, -raw-events and -duplicates must not be negative"))
+	}
+	if o.fillfactor != 0 && (o.fillfactor < 10 || o.fillfactor > 100) {
+		ps = append(ps, fmt.Errorf("-prefill-fillfactor: %d is not 10..100 (0: by ids)", o.fillfactor))
 	}
 	if o.partitions < 1 || o.spans < 1 || o.sampleEvery <= 0 {
 		ps = append(ps, errors.New("-partitions, -spans and -sample must be positive"))
@@ -166,7 +171,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 		Handlers: o.handlers, Partitions: o.partitions, StartedAt: time.Now().UTC(), MemberEnv: nonNil(o.memberEnv),
 		Postgres: pgSettings(ctx, e.pool)}
 
-	if rep.Prefill, err = prefill(ctx, e, o.handlers, o.prefill, o.ids); err != nil {
+	if rep.Prefill, err = prefill(ctx, e, o.handlers, o.prefill, o.ids, o.fillfactor); err != nil {
 		return err
 	}
 	events := int(float64(o.records)/(1+o.duplicates) + 0.5)

@@ -53,9 +53,9 @@ func backlogMarkdown(rep *BacklogReport) string {
 		env = "`" + strings.Join(rep.MemberEnv, " ") + "`"
 	}
 	fmt.Fprintf(&b, "Member: one `onceflow run`, settings %s\n\n", env)
-	fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s) in %.0f s. "+
+	fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s, indexes built at fillfactor %d) in %.0f s. "+
 		"Backlog: %d records (%d unique events), produced in %.0f s.\n\n",
-		rep.Prefill.Rows, rep.Prefill.Events, rep.Prefill.Emails, rep.Prefill.IDs, rep.Prefill.Seconds, rep.Records, rep.UniqueEvents, rep.ProduceSecs)
+		rep.Prefill.Rows, rep.Prefill.Events, rep.Prefill.Emails, rep.Prefill.IDs, rep.Prefill.IndexFillfactor, rep.Prefill.Seconds, rep.Records, rep.UniqueEvents, rep.ProduceSecs)
 	once := "yes"
 	if !rep.ExactlyOnce {
 		once = fmt.Sprintf("**no** (%d problems)", len(rep.Problems))
@@ -85,7 +85,7 @@ func backlogMarkdown(rep *BacklogReport) string {
 	}
 	b.WriteString("\nunique events/s: events applied (onceflow_events_applied_total / handlers) per second; records/s: records " +
 		"committed (sum of sink_offsets.next_offset) per second, redeliveries included. Whole-run rates include the member's " +
-		"start-up; the spans start at the first applied batch. Peak RSS: the member process's VmHWM when the last record " +
+		"start-up and tail; the spans run from the first sample with anything applied to the last before a partition was done. Peak RSS: the member process's VmHWM when the last record " +
 		"committed, before it drains. The raw copy writes fresh unique events (processed_events and emails_sent by binary COPY, " +
 		"counters by set-based upserts, 2 connections, 1000 events per transaction) into the tables as the run left them.\n")
 	return b.String()

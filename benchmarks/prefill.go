@@ -18,11 +18,14 @@ const prefillBus = "prefill"
 
 // Prefill is what prefill wrote.
 type Prefill struct {
-	Rows    int64   `json:"rows"`    // processed_events rows
-	Events  int64   `json:"events"`  // events behind them (rows / handlers)
-	Emails  int64   `json:"emails"`  // emails_sent rows (when emailHandler runs)
-	IDs     string  `json:"ids"`     // v4 (random) or v7 (time-ordered)
-	Seconds float64 `json:"seconds"` // inserting, indexing and vacuuming
+	Rows   int64  `json:"rows"`   // processed_events rows
+	Events int64  `json:"events"` // events behind them (rows / handlers)
+	Emails int64  `json:"emails"` // emails_sent rows (when emailHandler runs)
+	IDs    string `json:"ids"`    // v4 (random) or v7 (time-ordered)
+	// IndexFillfactor is the fillfactor the event_id indexes were built
+	// with (then reset to the default for the run's own splits).
+	IndexFillfactor int     `json:"index_fillfactor"`
+	Seconds         float64 `json:"seconds"` // inserting, indexing and vacuuming
 	// MaxEmailID is the largest emails_sent id written by the pre-fill:
 	// the run's rows have larger ones.
 	MaxEmailID int64 `json:"max_email_id"`
@@ -41,14 +44,23 @@ const prefillChunk = 1_000_000
 // Rows are generated in Postgres (generate_series) with the indexes
 // dropped, then indexed in one sort and vacuumed, so that the run starts
 // on all-visible pages with fresh statistics. A sorted build packs btree
-// leaves to fillfactor (90%), denser than the ~70% of an index grown by
-// random inserts: the run's first page splits come sooner than on a
-// table that grew organically.
+// leaves to the index's fillfactor; an index grown by inserts of random
+// ids has its leaves about 70% full (a split leaves two halves), one
+// grown at its right edge (time-ordered ids) about 90%. The pre-fill
+// builds the event_id indexes at fillfactor (70 for v4, 90 for v7 when
+// 0), so that the run splits pages about as often as on a table that
+// grew by itself, then resets the option to the index's default.
 //
 // ids "v7" makes the ids time-ordered (UUIDv7, one per millisecond
 // ending now), "v4" random.
-func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids string) (Prefill, error) {
-	p := Prefill{IDs: ids}
+func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids string, fillfactor int) (Prefill, error) {
+	if fillfactor == 0 {
+		fillfactor = 70
+		if ids == "v7" {
+			fillfactor = 90
+		}
+	}
+	p := Prefill{IDs: ids, IndexFillfactor: fillfactor}
 	if rows <= 0 {
 		return p, nil
 	}
@@ -99,11 +111,18 @@ SELECT g.id, h, '` + prefillBus + `' FROM g CROSS JOIN unnest($3::text[]) AS h`
 		progress("prefill: %d/%d events (%d rows) in %.0fs", to, p.Events, to*hs, time.Since(start).Seconds())
 	}
 	progress("prefill: building indexes")
-	if err := exec(`ALTER TABLE ` + processed + ` ADD CONSTRAINT processed_events_pkey PRIMARY KEY (event_id, handler)`); err != nil {
-		return p, err
-	}
-	if err := exec(`CREATE INDEX emails_sent_event_id ON ` + emails + ` (event_id)`); err != nil {
-		return p, err
+	pkey := pgx.Identifier{e.schema, "processed_events_pkey"}.Sanitize()
+	emailsIdx := pgx.Identifier{e.schema, "emails_sent_event_id"}.Sanitize()
+	ff := fmt.Sprintf(" WITH (fillfactor = %d)", fillfactor)
+	for _, sql := range []string{
+		`ALTER TABLE ` + processed + ` ADD CONSTRAINT processed_events_pkey PRIMARY KEY (event_id, handler)` + ff,
+		`CREATE INDEX emails_sent_event_id ON ` + emails + ` (event_id)` + ff,
+		`ALTER INDEX ` + pkey + ` RESET (fillfactor)`,
+		`ALTER INDEX ` + emailsIdx + ` RESET (fillfactor)`,
+	} {
+		if err := exec(sql); err != nil {
+			return p, err
+		}
 	}
 	progress("prefill: vacuum analyze")
 	for _, t := range []string{processed, emails} {

@@ -42,8 +42,8 @@ type SizeRate struct {
 }
 
 // bySize splits a run's samples into spans of equal dedup-table growth and
-// gives each span's rates. The first span starts at the last sample before
-// anything was applied (the member's start-up, joining the group and the
+// gives each span's rates. The first span starts at the first sample with
+// anything applied (the member's start-up, joining the group and the
 // first fetch are left out); the last ends at the last sample before a
 // partition was done (the tail, with fewer partitions to work on, is left
 // out too). A span ends at the first sample at or past its boundary, so
@@ -56,17 +56,11 @@ func bySize(samples []BacklogSample, handlers, spans int) []SizeRate {
 		end--
 	}
 	samples = samples[:end]
-	if len(samples) < 2 || spans < 1 {
+	start := slices.IndexFunc(samples, func(s BacklogSample) bool { return s.Applied > 0 })
+	if start < 0 || len(samples)-start < 2 || spans < 1 {
 		return nil
 	}
 	handlers = max(handlers, 1)
-	start := 0
-	for i, s := range samples {
-		if s.Applied > 0 {
-			break
-		}
-		start = i
-	}
 	first, last := samples[start], samples[len(samples)-1]
 	grown := last.DedupRows - first.DedupRows
 	if grown <= 0 {

@@ -36,29 +36,30 @@ func TestBySize(t *testing.T) {
 	}{
 		{
 			name: "two spans, start-up left out, rate falls as the table grows",
-			// 2 s of start-up, then 1000/s for 4 s, then 500/s for 8 s.
-			samples: samples(10000, []int64{0, 0, 1000, 1000, 1000, 1000, 500, 500, 500, 500, 500, 500, 500, 500}, 1),
+			// 2 s of start-up, then 1000/s for 5 s (the first second is
+			// start-up too), then 500/s for 8 s.
+			samples: samples(10000, []int64{0, 0, 1000, 1000, 1000, 1000, 1000, 500, 500, 500, 500, 500, 500, 500, 500}, 1),
 			spans:   2, handlers: 1,
 			want: []SizeRate{
-				{RowsFrom: 10000, RowsTo: 14000, Seconds: 4, EventsPerSec: 1000, RecordsPerSec: 2000},
-				{RowsFrom: 14000, RowsTo: 18000, Seconds: 8, EventsPerSec: 500, RecordsPerSec: 1000},
+				{RowsFrom: 11000, RowsTo: 15000, Seconds: 4, EventsPerSec: 1000, RecordsPerSec: 2000},
+				{RowsFrom: 15000, RowsTo: 19000, Seconds: 8, EventsPerSec: 500, RecordsPerSec: 1000},
 			},
 		},
 		{
 			name:    "pairs become events by the handler count",
-			samples: samples(0, []int64{400, 400}, 4),
+			samples: samples(0, []int64{400, 400, 400}, 4),
 			spans:   1, handlers: 4,
-			want: []SizeRate{{RowsFrom: 0, RowsTo: 800, Seconds: 2, EventsPerSec: 100, RecordsPerSec: 200}},
+			want: []SizeRate{{RowsFrom: 400, RowsTo: 1200, Seconds: 2, EventsPerSec: 100, RecordsPerSec: 200}},
 		},
 		{
 			name: "a boundary between samples ends the span at the next sample",
-			// growth 300: boundaries at 100 and 200 (spans 3 would be 100 each);
-			// samples at rows 150, 300: spans [0,150], [150,300], the third empty.
-			samples: samples(0, []int64{150, 150}, 1),
+			// from 100 rows, growth 300: boundaries at 200, 300, 400; samples
+			// at 250 and 400: spans [100,250], [250,400], the third empty.
+			samples: samples(0, []int64{100, 150, 150}, 1),
 			spans:   3, handlers: 1,
 			want: []SizeRate{
-				{RowsFrom: 0, RowsTo: 150, Seconds: 1, EventsPerSec: 150, RecordsPerSec: 300},
-				{RowsFrom: 150, RowsTo: 300, Seconds: 1, EventsPerSec: 150, RecordsPerSec: 300},
+				{RowsFrom: 100, RowsTo: 250, Seconds: 1, EventsPerSec: 150, RecordsPerSec: 300},
+				{RowsFrom: 250, RowsTo: 400, Seconds: 1, EventsPerSec: 150, RecordsPerSec: 300},
 			},
 		},
 		{name: "one sample", samples: samples(5, nil, 1), spans: 4, handlers: 1},
@@ -86,7 +87,8 @@ func TestBySizeSpanSizesAndRSS(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("bySize() = %+v, want 2 spans", got)
 	}
-	// The second span covers samples 2..4 (RSS 101..103) and ends at 400 rows.
+	// From 100 rows, growth 300: the first span ends at 300 rows (sample
+	// 3), the second covers samples 3..4 (RSS 102, 103) and ends at 400.
 	if got[1].MaxRSSMiB != 103 {
 		t.Errorf("second span max RSS = %v, want 103", got[1].MaxRSSMiB)
 	}
@@ -195,7 +197,7 @@ func TestBySizeLeavesOutTheTail(t *testing.T) {
 	s := samples(0, []int64{1000, 1000, 1000, 1000, 100, 100}, 1)
 	s[5].PartitionsDone, s[6].PartitionsDone = 1, 3
 	got := bySize(s, 1, 2)
-	want := []SizeRate{{RowsFrom: 0, RowsTo: 2000, Seconds: 2, EventsPerSec: 1000}, {RowsFrom: 2000, RowsTo: 4000, Seconds: 2, EventsPerSec: 1000}}
+	want := []SizeRate{{RowsFrom: 1000, RowsTo: 3000, Seconds: 2, EventsPerSec: 1000}, {RowsFrom: 3000, RowsTo: 4000, Seconds: 1, EventsPerSec: 1000}}
 	if len(got) != len(want) {
 		t.Fatalf("bySize() = %+v, want %d spans ending at 4000 rows", got, len(want))
 	}
