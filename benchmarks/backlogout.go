@@ -53,9 +53,13 @@ func backlogMarkdown(rep *BacklogReport) string {
 		env = "`" + strings.Join(rep.MemberEnv, " ") + "`"
 	}
 	fmt.Fprintf(&b, "Member: one `onceflow run`, settings %s\n\n", env)
-	fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s, indexes built at fillfactor %d) in %.0f s. "+
-		"Backlog: %d records (%d unique events), produced in %.0f s.\n\n",
-		rep.Prefill.Rows, rep.Prefill.Events, rep.Prefill.Emails, rep.Prefill.IDs, rep.Prefill.IndexFillfactor, rep.Prefill.Seconds, rep.Records, rep.UniqueEvents, rep.ProduceSecs)
+	if p := rep.Prefill; p.Rows > 0 {
+		fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s, indexes built at fillfactor %d) in %.0f s. ",
+			p.Rows, p.Events, p.Emails, p.IDs, p.IndexFillfactor, p.Seconds)
+	} else {
+		fmt.Fprintf(&b, "No pre-fill (empty tables), ids %s. ", p.IDs)
+	}
+	fmt.Fprintf(&b, "Backlog: %d records (%d unique events), produced in %.0f s.\n\n", rep.Records, rep.UniqueEvents, rep.ProduceSecs)
 	once := "yes"
 	if !rep.ExactlyOnce {
 		once = fmt.Sprintf("**no** (%d problems)", len(rep.Problems))
@@ -101,7 +105,7 @@ func rowsLabel(n int64) string {
 	return fmt.Sprint(n)
 }
 
-// plotBySize draws the applied rate (over a 5-sample window) against the
+// plotBySize draws the applied rate (over a 3-second window) against the
 // dedup table's rows, with the spans' rates as steps.
 func plotBySize(path string, rep *BacklogReport) error {
 	p := plot.New()
@@ -109,14 +113,26 @@ func plotBySize(path string, rep *BacklogReport) error {
 	p.X.Label.Text = "processed_events rows (millions)"
 	p.Y.Label.Text = "unique events/s"
 	hs := float64(max(len(rep.Handlers), 1))
-	const window = 5
+	const window = 3.0 // seconds
 	var pts plotter.XYs
 	s := rep.Samples
+	maxY := 1.0
 	for i := 1; i < len(s); i++ {
-		j := max(0, i-window)
-		if dt := s[i].T - s[j].T; dt > 0 && s[j].Applied > 0 {
-			pts = append(pts, plotter.XY{X: float64(s[i].DedupRows) / 1e6, Y: float64(s[i].Applied-s[j].Applied) / hs / dt})
+		j := i - 1
+		for j > 0 && s[j-1].T >= s[i].T-window {
+			j--
 		}
+		if dt := s[i].T - s[j].T; dt > 0 && s[j].Applied > 0 {
+			y := float64(s[i].Applied-s[j].Applied) / hs / dt
+			pts = append(pts, plotter.XY{X: float64(s[i].DedupRows) / 1e6, Y: y})
+			maxY = max(maxY, y)
+		}
+	}
+	for _, r := range rep.BySize {
+		maxY = max(maxY, r.EventsPerSec)
+	}
+	if rep.RawCopy != nil {
+		maxY = max(maxY, rep.RawCopy.UniqueEventsPerSec)
 	}
 	var steps plotter.XYs
 	for _, r := range rep.BySize {
@@ -129,7 +145,7 @@ func plotBySize(path string, rep *BacklogReport) error {
 		}
 		l.Color, l.Width = color.RGBA{R: 0xaa, G: 0xaa, B: 0xaa, A: 255}, vg.Points(1)
 		p.Add(l)
-		p.Legend.Add(fmt.Sprintf("%d-sample window", window), l)
+		p.Legend.Add(fmt.Sprintf("%.0f s window", window), l)
 	}
 	if len(steps) > 0 {
 		l, err := plotter.NewLine(steps)
@@ -150,8 +166,8 @@ func plotBySize(path string, rep *BacklogReport) error {
 		p.Add(l)
 		p.Legend.Add("raw COPY, same tables", l)
 	}
-	p.Legend.Top = true
-	p.Y.Min = 0
+	p.Legend.Left = true // bottom left: below the rates
+	p.Y.Min, p.Y.Max = 0, maxY*1.1
 	return p.Save(9*vg.Inch, 4*vg.Inch, path)
 }
 

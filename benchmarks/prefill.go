@@ -54,6 +54,9 @@ const prefillChunk = 1_000_000
 // ids "v7" makes the ids time-ordered (UUIDv7, one per millisecond
 // ending now), "v4" random.
 func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids string, fillfactor int) (Prefill, error) {
+	if rows <= 0 {
+		return Prefill{IDs: ids}, nil
+	}
 	if fillfactor == 0 {
 		fillfactor = 70
 		if ids == "v7" {
@@ -61,9 +64,6 @@ func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids str
 		}
 	}
 	p := Prefill{IDs: ids, IndexFillfactor: fillfactor}
-	if rows <= 0 {
-		return p, nil
-	}
 	hs := int64(len(handlers))
 	p.Events = (rows + hs - 1) / hs
 	p.Rows = p.Events * hs
