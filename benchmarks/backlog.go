@@ -30,6 +30,7 @@ type backlogOptions struct {
 	ids         string // v4 | v7
 	fillfactor  int    // of the pre-filled event_id indexes; 0: as grown by such ids
 	compression string // the producer's
+	batchBytes  int    // the producer's batch size
 	bin         string // a built onceflow; empty: go build ./cmd/onceflow
 	memberEnv   []string
 	rawCopy     bool
@@ -55,6 +56,7 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	fs.StringVar(&o.ids, "ids", "v4", "event ids of the pre-fill and the backlog: v4 (random) or v7 (time-ordered)")
 	fs.IntVar(&o.fillfactor, "prefill-fillfactor", 0, "fillfactor the pre-filled event_id indexes are built with; 0: as an index grown by such ids is (70 for v4, 90 for v7)")
 	fs.StringVar(&o.compression, "compression", "snappy", "the producer's batch compression: none, snappy, lz4 or zstd")
+	fs.IntVar(&o.batchBytes, "produce-batch-bytes", 1<<20, "the producer's largest batch (franz-go's default; Java's batch.size is 16384): a queued record keeps its whole batch in the member's memory")
 	fs.StringVar(&o.bin, "bin", "", "the onceflow binary to run; empty: go build ./cmd/onceflow into -out")
 	fs.Func("member-env", "KEY=VALUE added to the member's environment (repeatable), e.g. GOMEMLIMIT=180MiB or ONCEFLOW_KAFKA_FETCH_MAX_BYTES=4194304", func(s string) error {
 		if !strings.Contains(s, "=") {
@@ -86,6 +88,9 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	}
 	if o.fillfactor != 0 && (o.fillfactor < 10 || o.fillfactor > 100) {
 		ps = append(ps, fmt.Errorf("-prefill-fillfactor: %d is not 10..100 (0: by ids)", o.fillfactor))
+	}
+	if o.batchBytes < 1024 {
+		ps = append(ps, fmt.Errorf("-produce-batch-bytes: %d is below 1024", o.batchBytes))
 	}
 	if o.partitions < 1 || o.spans < 1 || o.sampleEvery <= 0 {
 		ps = append(ps, errors.New("-partitions, -spans and -sample must be positive"))
@@ -186,7 +191,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	}
 	rep.Records, rep.UniqueEvents = len(stream.Messages), len(stream.Unique)
 	t := time.Now()
-	ends, err := produce(ctx, e, stream.Messages, compressions[o.compression])
+	ends, err := produce(ctx, e, stream.Messages, compressions[o.compression], int32(o.batchBytes))
 	if err != nil {
 		return fmt.Errorf("produce the backlog: %w", err)
 	}
@@ -354,11 +359,12 @@ func nextOffsets(ctx context.Context, e *env) (map[int32]int64, error) {
 	return out, nil
 }
 
-// produce publishes msgs to e's topic as fast as the client batches them,
-// and returns the offset after each partition's last record.
-func produce(ctx context.Context, e *env, msgs []orders.Message, codec kgo.CompressionCodec) (map[int32]int64, error) {
+// produce publishes msgs to e's topic in batches of up to batchBytes, as
+// fast as the client batches them, and returns the offset after each
+// partition's last record.
+func produce(ctx context.Context, e *env, msgs []orders.Message, codec kgo.CompressionCodec, batchBytes int32) (map[int32]int64, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.DefaultProduceTopic(e.topic),
-		kgo.ProducerLinger(10*time.Millisecond), kgo.ProducerBatchMaxBytes(1<<20), kgo.MaxBufferedRecords(1<<16),
+		kgo.ProducerLinger(10*time.Millisecond), kgo.ProducerBatchMaxBytes(batchBytes), kgo.MaxBufferedRecords(1<<16),
 		kgo.ProducerBatchCompression(codec))
 	if err != nil {
 		return nil, err
