@@ -152,6 +152,13 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
+	var ref *Reference
+	if o.reference != "" { // read first: a bad path should not cost a run
+		var err error
+		if ref, err = readReference(o.reference); err != nil {
+			return fmt.Errorf("-reference: %w", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	bin, err := buildBinary(ctx, o.out, o.bin)
@@ -200,6 +207,10 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	stream.Messages = nil // the check needs only the events
 
 	if err := b.runMember(ctx, o, rep, e, bin, ends); err != nil {
+		rep.BySize = bySize(rep.Samples, len(o.handlers), o.spans)
+		if werr := writeBacklog(o.out, rep); werr == nil { // the samples so far
+			progress("backlog: the samples so far are in %s", filepath.Join(o.out, "results.json"))
+		}
 		return err
 	}
 	check, closeCheck, err := checkViews(ctx, e, rep.Prefill.MaxEmailID)
@@ -222,9 +233,10 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 			rep.RatioRawCopy = rep.MedianEventsPerSec / rep.RawCopy.UniqueEventsPerSec
 		}
 	}
-	if o.reference != "" {
-		if rep.Reference, err = readReference(o.reference, rep.MedianEventsPerSec); err != nil {
-			return fmt.Errorf("-reference: %w", err)
+	if ref != nil {
+		rep.Reference = ref
+		if ref.MedianEventsPerSec > 0 {
+			ref.Ratio = rep.MedianEventsPerSec / ref.MedianEventsPerSec
 		}
 	}
 	if err := writeBacklog(o.out, rep); err != nil {
@@ -246,8 +258,9 @@ type Reference struct {
 	Ratio              float64 `json:"ratio"` // this run's median span rate over the reference's
 }
 
-// reference reads an earlier backlog run's results.json.
-func readReference(path string, medianNow float64) (*Reference, error) {
+// readReference reads an earlier backlog run's results.json; the caller
+// sets Ratio.
+func readReference(path string) (*Reference, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -257,8 +270,8 @@ func readReference(path string, medianNow float64) (*Reference, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	ref := &Reference{Path: path, PrefillRows: r.Prefill.Rows, MedianEventsPerSec: medianRate(r.BySize)}
-	if ref.MedianEventsPerSec > 0 {
-		ref.Ratio = medianNow / ref.MedianEventsPerSec
+	if ref.MedianEventsPerSec == 0 {
+		return nil, fmt.Errorf("%s has no span rates to compare with", path)
 	}
 	return ref, nil
 }

@@ -72,8 +72,12 @@ func backlogMarkdown(rep *BacklogReport) string {
 		fmt.Fprintf(&b, "| %s – %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", rowsLabel(s.RowsFrom), rowsLabel(s.RowsTo),
 			s.Seconds, s.EventsPerSec, s.RecordsPerSec, s.TableMiB, s.IndexMiB, s.MaxRSSMiB)
 	}
-	fmt.Fprintf(&b, "\nMedian span: %.0f unique events/s.", rep.MedianEventsPerSec)
-	if ref := rep.Reference; ref != nil {
+	if len(rep.BySize) == 0 {
+		b.WriteString("\nNo spans: the run's steady part was shorter than two samples (raise -records or lower -sample).\n")
+	} else {
+		fmt.Fprintf(&b, "\nMedian span: %.0f unique events/s.", rep.MedianEventsPerSec)
+	}
+	if ref := rep.Reference; ref != nil && len(rep.BySize) > 0 {
 		fmt.Fprintf(&b, " Reference `%s` (%d pre-filled rows): %.0f unique events/s; this run is **%.2f×** it.",
 			ref.Path, ref.PrefillRows, ref.MedianEventsPerSec, ref.Ratio)
 	}
