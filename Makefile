@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench bench-full chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls
+.PHONY: help build demo test test-kfake lint fuzz bench bench-full bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -35,6 +35,16 @@ bench: up-postgres ## end-to-end benchmark, short mode (under 2 minutes): benchm
 
 bench-full: up-postgres ## the full benchmark behind the README's figures: benchmarks/results/
 	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results
+
+bench-backlog: up-postgres up-kafka ## peak RSS of one onceflow run draining a 5M-record backlog from the real Kafka: benchmarks/out/backlog-rss
+	$(GO) run ./benchmarks backlog -brokers $$(infra/kafka.sh brokers) -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" \
+		-records 5000000 -raw-copy=false -out benchmarks/out/backlog-rss $(ARGS)
+
+PREFILL ?= 10000000
+RECORDS ?= 2000000
+bench-sustained: up-postgres up-kafka ## rate against dedup table size on PREFILL (10M) pre-filled rows, RECORDS (2M) records: benchmarks/out/sustained-PREFILL
+	$(GO) run ./benchmarks backlog -brokers $$(infra/kafka.sh brokers) -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" \
+		-prefill $(PREFILL) -records $(RECORDS) -out benchmarks/out/sustained-$(PREFILL) $(ARGS)
 
 chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka and Postgres; ARGS="-seed N" replays
 	$(GO) run ./benchmarks/chaos -short $(ARGS)

@@ -27,4 +27,53 @@
 //
 // Output, in -out: results.json, results.md, and throughput-<scenario>.png
 // (unique events applied per second over time, membership changes marked).
+//
+// # Backlog and sustained runs
+//
+// `benchmarks backlog` measures the built binary as a user runs it: one
+// `onceflow run` process (go build ./cmd/onceflow, or -bin), default
+// settings unless -member-env says otherwise, draining a backlog that was
+// produced before it started (franz-go producer, -records records with
+// -duplicates redeliveries, -partitions partitions, snappy batches). With
+// -prefill N, processed_events first gets N rows (and emails_sent one row
+// per event) generated in Postgres, indexed after the insert and
+// vacuumed: the state of a pipeline that has run for a while. Every
+// -sample (1 s) it records the records committed (sum of
+// sink_offsets.next_offset), the pairs applied and records consumed (the
+// member's /metrics), the sizes of processed_events' heap and indexes
+// and of emails_sent, and the member's VmRSS; VmHWM once the last record
+// is committed. Then orders.Check (through views that leave the pre-fill
+// out), then raw-copy on the same tables: fresh events by binary COPY, as
+// the main benchmark's raw-copy writes them. The rate against table size
+// is given per span of equal table growth, between the first applied
+// batch and the first partition done (start-up and tail left out);
+// -reference names the results.json of an earlier run (the empty-table
+// one) whose median span rate this run's is compared with.
+//
+//	# memory: onceflow run's peak RSS on a 5-million-record backlog, real broker (make bench-backlog)
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 5000000 -raw-copy=false -out benchmarks/out/backlog-rss
+//	# the same with the knobs turned down
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 5000000 -raw-copy=false -out benchmarks/out/backlog-rss-limited \
+//	    -member-env GOMEMLIMIT=160MiB -member-env ONCEFLOW_KAFKA_FETCH_MAX_BYTES=4194304
+//
+//	# sustained: the empty-table reference, then 10 M and 50 M dedup rows (make bench-sustained PREFILL=...)
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 0        -out benchmarks/out/sustained-0
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 10000000 -out benchmarks/out/sustained-10000000 \
+//	    -reference benchmarks/out/sustained-0/results.json
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 50000000 -out benchmarks/out/sustained-50000000 \
+//	    -reference benchmarks/out/sustained-0/results.json
+//	# how much time-ordered ids help
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 50000000 -ids v7 -out benchmarks/out/sustained-50000000-v7
+//
+// Output, in -out: results.json (every sample), results.md (the run, the
+// rate-by-size table, the raw copy, the Postgres settings the figures
+// depend on: shared_buffers, effective_cache_size...), rate-by-size.png,
+// rss.png, member.log and the binary. A 50 M pre-fill needs about 15 GB
+// of disk for processed_events and emails_sent with their indexes, plus
+// WAL, and the harness
+// holds the generated backlog's events in memory (about 1 GB at 5 M
+// records) for the check. CHECKPOINT after the pre-fill needs a superuser
+// or pg_checkpoint; without it the next checkpoint writes the pre-fill
+// during the run (the harness says so). -keep leaves the schema and the
+// topic in place.
 package main

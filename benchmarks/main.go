@@ -123,6 +123,9 @@ type Ratio struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "backlog" {
+		os.Exit(mainBacklog(os.Args[2:]))
+	}
 	o, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
@@ -141,6 +144,27 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)
 		os.Exit(1)
 	}
+}
+
+// mainBacklog is `benchmarks backlog`: one onceflow run member draining a
+// backlog, optionally on pre-filled tables (see the package doc). It
+// returns the exit code.
+func mainBacklog(args []string) int {
+	o, err := parseBacklogFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks backlog:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := runBacklog(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks backlog:", err)
+		return 1
+	}
+	return 0
 }
 
 func run(ctx context.Context, o options) error {

@@ -58,6 +58,12 @@ type Kafka struct {
 	// TLS and SASL reach a secured cluster (security.go).
 	TLS  KafkaTLS  `mapstructure:"tls"`
 	SASL KafkaSASL `mapstructure:"sasl"`
+
+	// FetchMaxBytes and FetchMaxPartitionBytes bound one fetch response
+	// per broker and one partition's share of it: with the queues
+	// (batch.*), what bounds a member's memory.
+	FetchMaxBytes          int `mapstructure:"fetch_max_bytes"`
+	FetchMaxPartitionBytes int `mapstructure:"fetch_max_partition_bytes"`
 }
 
 // Batch says when a partition's batch closes.
@@ -156,6 +162,10 @@ var defaults = map[string]any{
 	"log.level":                 "info",
 	"log.format":                "text",
 	"http.addr":                 "127.0.0.1:8080",
+
+	// Fetch sizes bound a member's memory (processor doc, "Memory").
+	"kafka.fetch_max_bytes":           processor.DefaultFetchMaxBytes,
+	"kafka.fetch_max_partition_bytes": processor.DefaultFetchMaxPartitionBytes,
 }
 
 // Keys returns every configuration key, sorted.
@@ -356,6 +366,12 @@ func (c Config) Validate() error {
 	}
 	if o := processor.OutOfRange(c.Kafka.OffsetOutOfRange); o != processor.ResumeAtLogStart && o != processor.PauseOnOutOfRange {
 		bad("kafka.offset_out_of_range", "%q is not %s or %s", c.Kafka.OffsetOutOfRange, processor.ResumeAtLogStart, processor.PauseOnOutOfRange)
+	}
+	if c.Kafka.FetchMaxBytes < 1024 || c.Kafka.FetchMaxBytes > processor.MaxFetchBytes {
+		bad("kafka.fetch_max_bytes", "must be 1024..%d, got %d", processor.MaxFetchBytes, c.Kafka.FetchMaxBytes)
+	}
+	if c.Kafka.FetchMaxPartitionBytes < 1024 || c.Kafka.FetchMaxPartitionBytes > c.Kafka.FetchMaxBytes {
+		bad("kafka.fetch_max_partition_bytes", "must be 1024..kafka.fetch_max_bytes (%d), got %d", c.Kafka.FetchMaxBytes, c.Kafka.FetchMaxPartitionBytes)
 	}
 	if c.DrainTimeout <= 0 || c.DrainTimeout >= c.Kafka.RebalanceTimeout {
 		bad("drain_timeout", "must be positive and shorter than kafka.rebalance_timeout %v (a revoke must finish within the rebalance), got %v",

@@ -87,6 +87,16 @@ func TestLoadListsEveryProblem(t *testing.T) {
 				`log.level: "loud"`, `handlers: handler "emailHandler" listed twice`},
 		},
 		{
+			name: "fetch sizes",
+			file: "kafka:\n  fetch_max_bytes: 1048576\n  fetch_max_partition_bytes: 2097152\n",
+			want: []string{"kafka.fetch_max_partition_bytes: must be 1024..kafka.fetch_max_bytes (1048576), got 2097152"},
+		},
+		{
+			name: "fetch size over the limit",
+			env:  map[string]string{"ONCEFLOW_KAFKA_FETCH_MAX_BYTES": "209715200"},
+			want: []string{"kafka.fetch_max_bytes: must be 1024..104857600, got 209715200"},
+		},
+		{
 			name: "unknown environment variable",
 			env:  map[string]string{"ONCEFLOW_KAFKA_BROKRES": "x:1"},
 			want: []string{"ONCEFLOW_KAFKA_BROKRES: no such setting"},

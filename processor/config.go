@@ -38,6 +38,16 @@ type Config struct {
 	BatchMaxBytes   int           // or at this many value bytes; default 4 MiB
 	BatchLinger     time.Duration // or this long after its first record; default 50ms
 
+	// FetchMaxBytes bounds one fetch response from one broker (Kafka's
+	// fetch.max.bytes); FetchMaxPartitionBytes bounds one partition's share
+	// of it (max.partition.fetch.bytes). A broker still returns a first
+	// record batch larger than either, so that the partition progresses.
+	// Defaults 16 MiB and 1 MiB. Together with the per-partition queue
+	// (paused at twice BatchMaxBytes or twice BatchMaxRecords) they bound
+	// what a Consumer holds of the stream; see "Memory" in the package doc.
+	FetchMaxBytes          int
+	FetchMaxPartitionBytes int
+
 	Decode DecodeConfig // value format, event id source, record size limit
 
 	// DeadLetterTopic receives a copy of every dead letter, with headers
@@ -110,6 +120,19 @@ const (
 	MaxBatchRecords = 100000
 )
 
+// Fetch sizes of Config (see "Memory" in the package doc).
+const (
+	// DefaultFetchMaxBytes is a third of franz-go's 50 MiB: one response
+	// per broker is in flight or buffered at a time, and its records'
+	// values are not copied out of it, so this is the unit in which a
+	// member's fetch memory grows.
+	DefaultFetchMaxBytes          = 16 << 20
+	DefaultFetchMaxPartitionBytes = 1 << 20
+	// MaxFetchBytes is the largest FetchMaxBytes accepted: franz-go's
+	// default BrokerMaxReadBytes, which a response may not exceed.
+	MaxFetchBytes = 100 << 20
+)
+
 // withDefaults returns c with every zero value replaced by its default.
 func (c Config) withDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
@@ -125,6 +148,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BatchMaxBytes == 0 {
 		c.BatchMaxBytes = DefaultBatchMaxBytes
+	}
+	if c.FetchMaxBytes == 0 {
+		c.FetchMaxBytes = DefaultFetchMaxBytes
+	}
+	if c.FetchMaxPartitionBytes == 0 {
+		c.FetchMaxPartitionBytes = DefaultFetchMaxPartitionBytes
 	}
 	def(&c.BatchLinger, DefaultBatchLinger)
 	def(&c.CommitInterval, DefaultCommitInterval)
@@ -164,6 +193,12 @@ func (c Config) Validate() error {
 	}
 	if c.BatchMaxBytes < 1024 {
 		bad("BatchMaxBytes %d is below 1024", c.BatchMaxBytes)
+	}
+	if c.FetchMaxBytes < 1024 || c.FetchMaxBytes > MaxFetchBytes {
+		bad("FetchMaxBytes %d is not 1024..%d", c.FetchMaxBytes, MaxFetchBytes)
+	}
+	if c.FetchMaxPartitionBytes < 1024 || c.FetchMaxPartitionBytes > c.FetchMaxBytes {
+		bad("FetchMaxPartitionBytes %d is not 1024..FetchMaxBytes (%d)", c.FetchMaxPartitionBytes, c.FetchMaxBytes)
 	}
 	positive := map[string]time.Duration{
 		"BatchLinger": c.BatchLinger, "CommitInterval": c.CommitInterval, "SessionTimeout": c.SessionTimeout,

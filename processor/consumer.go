@@ -289,6 +289,8 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(fetchMaxWait),
+		kgo.FetchMaxBytes(int32(c.cfg.FetchMaxBytes)),
+		kgo.FetchMaxPartitionBytes(int32(c.cfg.FetchMaxPartitionBytes)),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(c.cfg.CommitInterval),

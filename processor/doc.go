@@ -26,6 +26,39 @@
 // dead-letter topic asynchronously, from the table, so a broker that
 // refuses one delays only the copy.
 //
+// # Memory
+//
+// What a Consumer holds of the stream is bounded by configuration, not by
+// the backlog:
+//
+//   - fetches: franz-go keeps at most one fetch response per broker,
+//     either in flight or buffered, and sends that broker its next fetch
+//     only once the buffered one has been polled to the end (kgo's
+//     MaxConcurrentFetches defaults to the number of brokers). A response
+//     is at most FetchMaxBytes (a first batch larger than the limit still
+//     comes, so a partition always progresses), each partition's share at
+//     most FetchMaxPartitionBytes: brokers × FetchMaxBytes in all;
+//   - queues: a partition's queue is paused at twice BatchMaxRecords (at
+//     least 256 records) or twice BatchMaxBytes of values, so the records
+//     queued are at most partitions × 2 × BatchMaxBytes of values plus
+//     about 200 bytes of kgo.Record per record, and a partition in hand
+//     of its worker adds one batch.
+//
+// Record keys and values are not copied: franz-go decodes them in place,
+// in the response (uncompressed batches) or in the batch's decompressed
+// buffer, and allocates each batch's kgo.Records as one slice. A queued
+// record therefore keeps its batch's buffer and records alive, so while
+// queues are full a member holds somewhat more than the values it queues.
+// With the defaults (16 MiB, 1 MiB, 1000 records, 4 MiB) and records of a
+// few hundred bytes, fetches and queues stay in the tens of MiB; the LRU
+// of package dedup adds about 200 bytes per entry (20 MiB at 100000).
+//
+// That is the live memory. The Go runtime lets the heap grow to twice the
+// live memory before it collects (GOGC=100), so a member's resident size
+// is about twice the above plus the runtime's own; set GOMEMLIMIT a
+// little under the container's limit to make the runtime collect sooner
+// instead of the kernel killing the process.
+//
 // # Errors
 //
 // Errors are classified by sink.Classify: transient ones (connections,

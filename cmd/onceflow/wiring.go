@@ -91,6 +91,8 @@ func (a *app) consumerTuning(name string) processor.Config {
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
 		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
 		KafkaOptions:     slices.Clone(a.kafkaSecurity), // tracing is the pipeline's (kotel)
+
+		FetchMaxBytes: k.FetchMaxBytes, FetchMaxPartitionBytes: k.FetchMaxPartitionBytes,
 	}
 }
 
