@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -18,6 +20,9 @@ import (
 
 // The example builds, runs against the test database, says every effect
 // happened exactly once, and the tables agree.
+// TestMain checks that no goroutine outlives the tests.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
 func TestExampleRuns(t *testing.T) {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
