@@ -3,7 +3,10 @@ package api
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,14 +19,18 @@ import (
 // EventAudit is what every step recorded about one event: the answer of
 // GET /audit/event/{id} and of `onceflow audit`.
 type EventAudit struct {
-	sink.EventAudit               // processed rows per handler, dead letters
-	EmailsSent      int64         `json:"emails_sent"` // the demo business's emails
-	Outbox          outbox.Status `json:"outbox"`      // published, or failed with the broker's reason
+	sink.EventAudit // processed rows per handler, dead letters
+	// EmailsSent counts the demo business's emails; absent where its
+	// tables are not (a pipeline of other handlers).
+	EmailsSent *int64 `json:"emails_sent,omitempty"`
+	// Outbox is the event's outbox row: published, or failed with the
+	// broker's reason; absent where there is no outbox (onceflow run alone).
+	Outbox *outbox.Status `json:"outbox,omitempty"`
 }
 
 // Audit gathers what sink, the demo business and the outbox recorded about
-// event id in schema, listing processed rows in the order of handlers. It
-// reads only.
+// event id in schema, listing processed rows in the order of handlers. A
+// part whose tables do not exist in schema is left out. It reads only.
 func Audit(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, schema string, handlers []string, id uuid.UUID) (EventAudit, error) {
 	a, err := sink.Audit(ctx, pool, schema, id)
 	if err != nil {
@@ -36,13 +43,26 @@ func Audit(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, schema 
 		return len(handlers)
 	}
 	slices.SortStableFunc(a.Processed, func(x, y sink.Processed) int { return cmp.Compare(rank(x.Handler), rank(y.Handler)) })
+	out := EventAudit{EventAudit: a}
 	emails, err := orders.EmailsSent(ctx, pool, schema, id)
-	if err != nil {
+	switch {
+	case err == nil:
+		out.EmailsSent = &emails
+	case !missingTable(err):
 		return EventAudit{}, err
 	}
 	st, err := store.Status(ctx, id)
-	if err != nil {
+	switch {
+	case err == nil:
+		out.Outbox = &st
+	case !missingTable(err):
 		return EventAudit{}, err
 	}
-	return EventAudit{EventAudit: a, EmailsSent: emails, Outbox: st}, nil
+	return out, nil
+}
+
+// missingTable reports whether err is Postgres' undefined_table.
+func missingTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
 }

@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -110,6 +111,9 @@ WHERE event_id = ANY($1::uuid[]) AND handler = ANY($2)`, ids, r.cfg.Handlers)
 		// holds another digest, no handler applies it.
 		conflict := false
 		for _, h := range r.cfg.Handlers {
+			if !r.consumes(h, c.tp.Topic) {
+				continue
+			}
 			k := dedup.Key{EventID: c.id, Handler: h}
 			if d, ok := stored[k]; ok && d.Conflicts(c.digest) {
 				conflict = true
@@ -118,6 +122,9 @@ WHERE event_id = ANY($1::uuid[]) AND handler = ANY($2)`, ids, r.cfg.Handlers)
 			}
 		}
 		for _, h := range r.cfg.Handlers {
+			if !r.consumes(h, c.tp.Topic) {
+				continue
+			}
 			k := dedup.Key{EventID: c.id, Handler: h}
 			_, inTable := stored[k]
 			_, inRange := seen[k]
@@ -133,4 +140,10 @@ WHERE event_id = ANY($1::uuid[]) AND handler = ANY($2)`, ids, r.cfg.Handlers)
 		}
 	}
 	return nil
+}
+
+// consumes reports whether handler h takes records of topic.
+func (r *Replayer) consumes(h, topic string) bool {
+	ts, ok := r.cfg.HandlerTopics[h]
+	return !ok || slices.Contains(ts, topic)
 }

@@ -33,6 +33,11 @@ type Config struct {
 	// the dry run counts their pairs, and a backfill's handler must be
 	// one of them. Required.
 	Handlers []string
+	// HandlerTopics, if set, limits a handler to the topics listed for it
+	// (config key sql_handlers' topics): the dry run counts no pair of it
+	// on other topics, as the sink claims none. A handler not in the map
+	// consumes every topic.
+	HandlerTopics map[string][]string
 	// Decode is how the group decodes records (config keys decode.*); the
 	// dry run reads event ids the same way.
 	Decode processor.DecodeConfig

@@ -109,7 +109,7 @@ func (a *app) demo(ctx context.Context, o demo.Options, serveMetrics bool, progr
 	writer := a.writerConfig(o.Schema, a.tp)
 	writer.Handlers = hs
 	return demo.Run(ctx, demo.Env{
-		Pool: pool, Migrate: migrate,
+		Pool: pool, Migrate: a.migrate,
 		Consumer: a.consumerConfig(nil, "demo-member", a.tp, m), Writer: writer, LRUSize: a.cfg.Dedup.LRUSize,
 		Handlers: a.cfg.Handlers, DeadLetterTopic: a.cfg.Kafka.DeadLetterTopic,
 		ProducerOptions: a.kafkaTracing("demo-producer"), Started: m.Add, Progress: progress,

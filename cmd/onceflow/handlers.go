@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +23,7 @@ import (
 type handlerRegistry struct {
 	names      []string // in registration order: the default of the handlers key
 	ctors      map[string]func(schema string) sink.Handler
-	migrations []pgmigrate.Func // the registered handlers' tables, in registration order
+	migrations []handlerMigration // the registered handlers' tables, in registration order
 }
 
 func (r *handlerRegistry) add(name string, ctor func(schema string) sink.Handler) {
@@ -33,17 +34,33 @@ func (r *handlerRegistry) add(name string, ctor func(schema string) sink.Handler
 	r.ctors[name] = ctor
 }
 
-// addMigration registers the migration of registered handlers' tables.
-func (r *handlerRegistry) addMigration(m pgmigrate.Func) { r.migrations = append(r.migrations, m) }
+// addMigration registers the migration of the tables of the handlers
+// named: it runs when the configuration names any of them.
+func (r *handlerRegistry) addMigration(m pgmigrate.Func, handlers ...string) {
+	r.migrations = append(r.migrations, handlerMigration{m, handlers})
+}
 
-// migrate creates or upgrades every registered handler's tables in schema.
-func (r *handlerRegistry) migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	for _, m := range r.migrations {
-		if err := m(ctx, pool, schema); err != nil {
-			return err
+// handlerMigration is the migration of some registered handlers' tables.
+type handlerMigration struct {
+	f        pgmigrate.Func
+	handlers []string
+}
+
+// migrator returns the migration of the tables of the handlers named, in
+// schema: only what those handlers write to, so that a configuration
+// without the demo's handlers gets none of the demo's tables.
+func (r *handlerRegistry) migrator(names []string) pgmigrate.Func {
+	return func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		for _, m := range r.migrations {
+			if !slices.ContainsFunc(m.handlers, func(h string) bool { return slices.Contains(names, h) }) {
+				continue
+			}
+			if err := m.f(ctx, pool, schema); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	return nil
 }
 
 // registry has the demo business's four handlers and their tables.
@@ -52,7 +69,7 @@ var registry = func() *handlerRegistry {
 	for _, name := range orders.Names {
 		r.add(name, func(schema string) sink.Handler { h, _ := orders.New(name, schema); return h })
 	}
-	r.addMigration(orders.Migrate)
+	r.addMigration(orders.Migrate, orders.Names...)
 	return r
 }()
 

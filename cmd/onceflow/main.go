@@ -170,19 +170,14 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-// migrate creates sink's tables and the rest (migrateRest) in schema.
-func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+// migrate creates sink's tables, the outbox's (the producer side of
+// serve) and those of the configured handlers in schema.
+func (a *app) migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err := sink.Migrate(ctx, pool, schema); err != nil {
 		return err
 	}
-	return migrateRest(ctx, pool, schema)
-}
-
-// migrateRest creates the outbox's and the registered handlers' tables in
-// schema: what this program adds to a pipeline's own tables.
-func migrateRest(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err := outbox.Migrate(ctx, pool, schema); err != nil {
 		return err
 	}
-	return registry.migrate(ctx, pool, schema)
+	return registry.migrator(a.cfg.Handlers)(ctx, pool, schema)
 }

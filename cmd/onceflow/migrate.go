@@ -19,7 +19,7 @@ It is idempotent and safe to run concurrently; run also migrates at start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withPool(cmd, func(a *app, pool *pgxpool.Pool) error {
-				if err := migrate(cmd.Context(), pool, a.cfg.Postgres.Schema); err != nil {
+				if err := a.migrate(cmd.Context(), pool, a.cfg.Postgres.Schema); err != nil {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "schema %s is up to date\n", a.cfg.Postgres.Schema)

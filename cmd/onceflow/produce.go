@@ -64,12 +64,16 @@ twice, as after a producer's retry or a consumer's crash.
 					recs[i].Key = []byte(key)
 				}
 			}
-			cl, err := kgo.NewClient(kgo.SeedBrokers(a.cfg.Kafka.Brokers...), kgo.ClientID(a.cfg.Kafka.ClientID+"-produce"),
-				kgo.AllowAutoTopicCreation())
+			cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(a.cfg.Kafka.Brokers...),
+				kgo.ClientID(a.cfg.Kafka.ClientID + "-produce"), kgo.AllowAutoTopicCreation()},
+				a.kafkaOptions(a.cfg.Kafka.ClientID+"-produce")...)...)
 			if err != nil {
 				return fmt.Errorf("kafka producer: %w", err)
 			}
 			defer cl.Close()
+			if err := a.pingKafka(cmd.Context(), cl); err != nil {
+				return err
+			}
 			var ps []error
 			for i, err := range wire.Produce(cmd.Context(), cl, recs, a.cfg.Kafka.ProduceTimeout) {
 				if err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/replay"
 )
 
@@ -61,10 +60,16 @@ as duplicates, or dead-lettered as conflicting; it changes nothing.`,
 				return err
 			}
 			return withPool(cmd, func(a *app, pool *pgxpool.Pool) error {
+				topics := map[string][]string{}
+				for _, h := range a.cfg.SQLHandlers {
+					if len(h.Topics) > 0 {
+						topics[h.Name] = h.Topics
+					}
+				}
 				r, err := replay.New(replay.Config{
-					Pool: pool, Brokers: a.cfg.Kafka.Brokers, Schema: a.cfg.Postgres.Schema,
-					Group: a.cfg.Kafka.Group, Topics: a.cfg.Kafka.Topics, Handlers: a.cfg.Handlers,
-					Decode:  processor.DecodeConfig{IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
+					Pool: pool, Brokers: a.cfg.Kafka.Brokers, KafkaOptions: a.kafkaOptions(a.cfg.Kafka.ClientID + "-replay"),
+					Schema: a.cfg.Postgres.Schema, Group: a.cfg.Kafka.Group, Topics: a.cfg.Kafka.Topics,
+					Handlers: a.handlerNames(), HandlerTopics: topics, Decode: a.decodeConfig(),
 					Horizon: dedupHorizon(a.cfg), CallTimeout: a.cfg.Postgres.CallTimeout, Logger: a.log,
 				})
 				if err != nil {

@@ -170,14 +170,17 @@ func TestRunOverSASLSSL(t *testing.T) {
 	for _, m := range stream.Messages {
 		recs = append(recs, wire.NewRecord(topic, m.ID, m.Value))
 	}
-	bad := uuid.New()
-	recs = append(recs, wire.NewRecord(topic, bad, []byte("not json")))
 	if err := k.client(t).ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
 		t.Fatalf("produce over SASL_SSL: %v", err)
 	}
-
 	file := writeConfig(t, k.yaml(topic, dlq, group, "SCRAM-SHA-512")+fmt.Sprintf(
 		"postgres:\n  dsn: %s\n  schema: %s\nhttp:\n  addr: 127.0.0.1:0\nbatch:\n  linger: 10ms\nlog:\n  level: warn\n", dsn, schema))
+	// The bad record through `onceflow produce`, over the same settings.
+	bad := uuid.New()
+	if out, err := runCLI(t, io.Discard, "produce", "--config", file, "--topic", topic,
+		"--header", "event_id="+bad.String(), "not json"); err != nil {
+		t.Fatalf("onceflow produce over SASL_SSL: %v\n%s", err, out)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stderr := &syncBuffer{}
@@ -215,7 +218,7 @@ func TestRunOverSASLSSL(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		n := sinktest.Count(t, pool, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets`)
-		if n >= int64(len(recs)) {
+		if n >= int64(len(recs)+1) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -250,8 +253,8 @@ func TestRunOverSASLSSL(t *testing.T) {
 	}
 	var sum int64
 	committed.Each(func(o kadm.OffsetResponse) { sum += o.At })
-	if sum != int64(len(recs)) {
-		t.Errorf("group %s committed offsets summing to %d, want %d", group, sum, len(recs))
+	if want := int64(len(recs) + 1); sum != want { // the stream and the bad record
+		t.Errorf("group %s committed offsets summing to %d, want %d", group, sum, want)
 	}
 	if strings.Contains(stderr.String(), k.password) {
 		t.Errorf("the output reveals the SASL password:\n%s", stderr)
@@ -349,6 +352,9 @@ func TestKafkaSecurityChecks(t *testing.T) {
 			want: `SASL authentication failed for user "nobody"`},
 		{name: "untrusted broker certificate", env: map[string]string{"ONCEFLOW_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "ONCEFLOW_KAFKA_TLS_CA_FILE": otherCA},
 			want: "TLS: the broker's certificate is not trusted (check kafka.tls.ca_file and kafka.tls.server_name)"},
+		{name: "plaintext to the TLS listener", env: map[string]string{"ONCEFLOW_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+			"ONCEFLOW_KAFKA_TLS_ENABLED": "false", "ONCEFLOW_KAFKA_TLS_CA_FILE": "", "ONCEFLOW_KAFKA_TLS_CERT_FILE": "", "ONCEFLOW_KAFKA_TLS_KEY_FILE": ""},
+			want: "TLS: the broker speaks TLS on this address (kafka.tls.enabled)"},
 		{name: "wrong server name", env: map[string]string{"ONCEFLOW_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "ONCEFLOW_KAFKA_TLS_SERVER_NAME": "kafka.example.com"},
 			want: "TLS: the broker's certificate is not trusted"},
 		{name: "no client certificate", env: map[string]string{"ONCEFLOW_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "ONCEFLOW_KAFKA_TLS_CERT_FILE": "", "ONCEFLOW_KAFKA_TLS_KEY_FILE": ""},

@@ -66,6 +66,22 @@ func (a *app) whenKafka(ctx context.Context, brokers []string) error {
 	}
 }
 
+// pingKafka pings the brokers once, within kafka.produce_timeout, for the
+// one-shot commands: an error says what to check when it is a
+// configuration error, or that the brokers do not answer.
+func (a *app) pingKafka(ctx context.Context, cl *kgo.Client) error {
+	pctx, cancel := context.WithTimeout(ctx, a.cfg.Kafka.ProduceTimeout)
+	defer cancel()
+	err := cl.Ping(pctx)
+	switch {
+	case err == nil:
+		return nil
+	case a.kafkaMisconfigured(err) != "":
+		return fmt.Errorf("kafka brokers %v: %s", a.cfg.Kafka.Brokers, a.kafkaMisconfigured(err))
+	}
+	return fmt.Errorf("kafka brokers %v do not answer: %s", a.cfg.Kafka.Brokers, a.redactKafka(err.Error()))
+}
+
 // kafkaMisconfigured says which settings to check when err is a
 // configuration error that waiting does not cure, or "" when it may be.
 func (a *app) kafkaMisconfigured(err error) string {
@@ -86,6 +102,11 @@ func (a *app) kafkaMisconfigured(err error) string {
 		why = "TLS: the broker refused the handshake (a client certificate it accepts: kafka.tls.cert_file and kafka.tls.key_file)"
 	case errors.As(err, &record):
 		why = "TLS: the broker does not speak TLS on this address (kafka.tls.enabled, kafka.brokers)"
+	case strings.Contains(err.Error(), "plaintext connection speaking to a tls endpoint"):
+		// franz-go read a TLS alert where a Kafka response should be. (Its
+		// "is SASL missing?" is only a guess at a closed connection, which
+		// a restarting broker also gives: that one is waited for.)
+		why = "TLS: the broker speaks TLS on this address (kafka.tls.enabled)"
 	default:
 		return ""
 	}

@@ -96,7 +96,7 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 		return nil, err
 	}
 	done.add(pool.Close)
-	if err := migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
+	if err := a.migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
 		return nil, err
 	}
 	if err := a.checkSQLHandlers(ctx, pool); err != nil {

@@ -221,6 +221,24 @@ sql_handlers:
 			if len(audit.Processed) != 1 || audit.Processed[0].Handler != "payments" {
 				t.Errorf("audit of the redelivered event shows processed %+v, want one row of handler payments\n%s", audit.Processed, out)
 			}
+			if bytes.Contains(out, []byte(`"emails_sent"`)) || bytes.Contains(out, []byte(`"outbox"`)) {
+				t.Errorf("audit of a pipeline without the demo's tables shows the demo's parts:\n%s", out)
+			}
+			for _, demoTable := range []string{"emails_sent", "outbox", "orders"} {
+				if n := sinktest.Count(t, pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = $2`, schema, demoTable); n != 0 {
+					t.Errorf("run with only sql_handlers created the demo's table %s.%s", schema, demoTable)
+				}
+			}
+
+			// The group stopped: a dry run of a replay from the start counts
+			// the SQL handler's pairs, every one skipped as applied.
+			out, err = exec.Command(bin, "replay", "--to-start", "--dry-run", "--config", config).CombinedOutput()
+			if err != nil {
+				t.Fatalf("onceflow replay --dry-run: %v\n%s", err, out)
+			}
+			if !bytes.Contains(out, []byte("payments")) {
+				t.Errorf("replay --dry-run does not count the SQL handler payments:\n%s", out)
+			}
 		})
 	}
 }

@@ -14,8 +14,8 @@ import (
 )
 
 // pipelineConfig is the pipeline of `onceflow run`: the config's keys, the
-// handlers built from the registry, and the tables of the program's other
-// parts (outbox, the registered handlers') as its Migrate. dedup.lru_size
+// handlers built from the registry (and sql_handlers), and the tables of
+// the configured Go handlers as its Migrate. dedup.lru_size
 // 0 disables the cache, which is the pipeline's LRUSize -1.
 func (a *app) pipelineConfig(pool *pgxpool.Pool, hs []sink.Handler, m *metrics.Metrics) pipeline.Config {
 	k := a.cfg.Kafka
@@ -26,7 +26,7 @@ func (a *app) pipelineConfig(pool *pgxpool.Pool, hs []sink.Handler, m *metrics.M
 	return pipeline.Config{
 		Brokers: k.Brokers, Topics: k.Topics, Group: k.Group, DeadLetterTopic: k.DeadLetterTopic,
 		Pool: pool, Schema: a.cfg.Postgres.Schema,
-		Handlers: hs, Migrate: migrateRest, LRUSize: lru,
+		Handlers: hs, Migrate: registry.migrator(a.cfg.Handlers), LRUSize: lru,
 		Logger: a.log, TracerProvider: a.tp, Metrics: m,
 		Consumer: a.consumerTuning(k.ClientID),
 		Writer:   a.writerTuning(),
@@ -84,8 +84,7 @@ func (a *app) consumerTuning(name string) processor.Config {
 	return processor.Config{
 		ClientID:        name,
 		BatchMaxRecords: a.cfg.Batch.MaxRecords, BatchMaxBytes: a.cfg.Batch.MaxBytes, BatchLinger: a.cfg.Batch.Linger,
-		Decode: processor.DecodeConfig{Format: processor.Format(a.cfg.Decode.Format), IDSource: processor.IDSource(a.cfg.Decode.EventIDSource),
-			IDHeader: a.cfg.Decode.EventIDHeader, IDField: a.cfg.Decode.EventIDField, MaxBytes: a.cfg.Decode.MaxRecordBytes},
+		Decode:         a.decodeConfig(),
 		CommitInterval: k.CommitInterval, SessionTimeout: k.SessionTimeout, RebalanceTimeout: k.RebalanceTimeout,
 		DrainTimeout: a.cfg.DrainTimeout, RetryBackoff: a.cfg.Batch.RetryBackoff, MaxRetryBackoff: a.cfg.Batch.MaxRetryBackoff,
 		CallTimeout: a.cfg.Postgres.CallTimeout, ProduceTimeout: k.ProduceTimeout,
@@ -104,4 +103,12 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 	c.Logger, c.TracerProvider, c.OnBatch = a.log, tp, m.OnBatch
 	c.KafkaOptions = a.kafkaOptions(name)
 	return c
+}
+
+// decodeConfig is how records are decoded (decode.*), for the consumer and
+// for replay's dry run alike.
+func (a *app) decodeConfig() processor.DecodeConfig {
+	d := a.cfg.Decode
+	return processor.DecodeConfig{Format: processor.Format(d.Format), IDSource: processor.IDSource(d.EventIDSource),
+		IDHeader: d.EventIDHeader, IDField: d.EventIDField, MaxBytes: d.MaxRecordBytes}
 }
