@@ -104,6 +104,9 @@ type Postgres struct {
 	Schema    string        `mapstructure:"schema"`
 	PoolSize  int           `mapstructure:"pool_size"`
 	TxTimeout time.Duration `mapstructure:"tx_timeout"`
+	// IdleTimeout bounds how long a batch's transaction stays open while
+	// its member sends nothing (a stopped process holding row locks).
+	IdleTimeout time.Duration `mapstructure:"idle_in_transaction_timeout"`
 	// CallTimeout bounds every Postgres call outside batch transactions.
 	CallTimeout time.Duration `mapstructure:"call_timeout"`
 }
@@ -129,39 +132,40 @@ const DefaultDSN = "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode
 
 // defaults has a value for every key; it is also the list of known keys.
 var defaults = map[string]any{
-	"kafka.brokers":             []string{"127.0.0.1:9092"},
-	"kafka.topics":              []string{"orders"},
-	"kafka.group":               "onceflow",
-	"kafka.client_id":           processor.DefaultClientID,
-	"kafka.dead_letter_topic":   "orders.dlq",
-	"kafka.session_timeout":     processor.DefaultSessionTimeout,
-	"kafka.rebalance_timeout":   processor.DefaultRebalanceTimeout,
-	"kafka.commit_interval":     processor.DefaultCommitInterval,
-	"kafka.produce_timeout":     processor.DefaultProduceTimeout,
-	"kafka.offset_out_of_range": string(processor.DefaultOffsetOutOfRange),
-	"batch.max_records":         processor.DefaultBatchMaxRecords,
-	"batch.max_bytes":           processor.DefaultBatchMaxBytes,
-	"batch.linger":              processor.DefaultBatchLinger,
-	"batch.retry_backoff":       processor.DefaultRetryBackoff,
-	"batch.max_retry_backoff":   processor.DefaultMaxRetryBackoff,
-	"drain_timeout":             processor.DefaultDrainTimeout,
-	"decode.format":             string(processor.FormatJSON),
-	"decode.event_id_source":    string(processor.IDFromHeader),
-	"decode.event_id_header":    processor.HeaderEventID,
-	"decode.event_id_field":     "",
-	"decode.max_record_bytes":   1 << 20,
-	"postgres.dsn":              DefaultDSN,
-	"postgres.schema":           sink.DefaultSchema,
-	"postgres.pool_size":        4,
-	"postgres.tx_timeout":       sink.DefaultTxTimeout,
-	"postgres.call_timeout":     processor.DefaultCallTimeout,
-	"dedup.lru_size":            100000,
-	"handlers":                  []string{}, // the program's Default: every Go handler it registers
-	"sql_handlers":              []map[string]any{},
-	"bus":                       "kafka",
-	"log.level":                 "info",
-	"log.format":                "text",
-	"http.addr":                 "127.0.0.1:8080",
+	"kafka.brokers":                        []string{"127.0.0.1:9092"},
+	"kafka.topics":                         []string{"orders"},
+	"kafka.group":                          "onceflow",
+	"kafka.client_id":                      processor.DefaultClientID,
+	"kafka.dead_letter_topic":              "orders.dlq",
+	"kafka.session_timeout":                processor.DefaultSessionTimeout,
+	"kafka.rebalance_timeout":              processor.DefaultRebalanceTimeout,
+	"kafka.commit_interval":                processor.DefaultCommitInterval,
+	"kafka.produce_timeout":                processor.DefaultProduceTimeout,
+	"kafka.offset_out_of_range":            string(processor.DefaultOffsetOutOfRange),
+	"batch.max_records":                    processor.DefaultBatchMaxRecords,
+	"batch.max_bytes":                      processor.DefaultBatchMaxBytes,
+	"batch.linger":                         processor.DefaultBatchLinger,
+	"batch.retry_backoff":                  processor.DefaultRetryBackoff,
+	"batch.max_retry_backoff":              processor.DefaultMaxRetryBackoff,
+	"drain_timeout":                        processor.DefaultDrainTimeout,
+	"decode.format":                        string(processor.FormatJSON),
+	"decode.event_id_source":               string(processor.IDFromHeader),
+	"decode.event_id_header":               processor.HeaderEventID,
+	"decode.event_id_field":                "",
+	"decode.max_record_bytes":              1 << 20,
+	"postgres.dsn":                         DefaultDSN,
+	"postgres.schema":                      sink.DefaultSchema,
+	"postgres.pool_size":                   4,
+	"postgres.tx_timeout":                  sink.DefaultTxTimeout,
+	"postgres.idle_in_transaction_timeout": sink.DefaultIdleTimeout,
+	"postgres.call_timeout":                processor.DefaultCallTimeout,
+	"dedup.lru_size":                       100000,
+	"handlers":                             []string{}, // the program's Default: every Go handler it registers
+	"sql_handlers":                         []map[string]any{},
+	"bus":                                  "kafka",
+	"log.level":                            "info",
+	"log.format":                           "text",
+	"http.addr":                            "127.0.0.1:8080",
 
 	// Fetch sizes bound a member's memory (processor doc, "Memory").
 	"kafka.fetch_max_bytes":           processor.DefaultFetchMaxBytes,
@@ -429,6 +433,10 @@ func (c Config) Validate() error {
 	}
 	if c.Postgres.PoolSize < 1 {
 		bad("postgres.pool_size", "must be at least 1, got %d", c.Postgres.PoolSize)
+	}
+	if c.Postgres.IdleTimeout <= 0 || c.Postgres.IdleTimeout > c.Postgres.TxTimeout {
+		bad("postgres.idle_in_transaction_timeout", "must be positive and at most postgres.tx_timeout %v, got %v",
+			c.Postgres.TxTimeout, c.Postgres.IdleTimeout)
 	}
 	if c.Postgres.TxTimeout <= 0 {
 		bad("postgres.tx_timeout", "must be positive, got %v", c.Postgres.TxTimeout)

@@ -163,9 +163,12 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 	var id uuid.NullUUID
 	switch cfg.IDSource {
 	case IDFromHeader:
-		raw, ok := header(r, cfg.IDHeader)
-		if !ok {
+		raw, n := header(r, cfg.IDHeader)
+		switch {
+		case n == 0:
 			return fail(id, "no %s header", cfg.IDHeader)
+		case n > 1:
+			return fail(id, "%d %s headers: the event id is ambiguous", n, cfg.IDHeader)
 		}
 		u, err := parseID(raw)
 		if err != nil {
@@ -253,13 +256,20 @@ func parseID(b []byte) (uuid.UUID, error) {
 	return uuid.ParseBytes(b)
 }
 
-func header(r *kgo.Record, key string) ([]byte, bool) {
+// header returns the value of r's header key and how many headers have
+// that key (the value is the first one's).
+func header(r *kgo.Record, key string) ([]byte, int) {
+	var v []byte
+	n := 0
 	for _, h := range r.Headers {
 		if h.Key == key {
-			return h.Value, true
+			if n == 0 {
+				v = h.Value
+			}
+			n++
 		}
 	}
-	return nil, false
+	return v, n
 }
 
 func truncate(b []byte) string {

@@ -46,6 +46,7 @@ func TestDecode(t *testing.T) {
 		{"bytes: still needs an id", rec("raw"), DecodeConfig{Format: FormatBytes}, "no event_id header", ""},
 		{"bytes with a field id", rec(`{"id":"` + testID + `"}`), DecodeConfig{Format: FormatBytes, IDField: "id"}, "needs format json", ""},
 		{"no header", rec(order), DecodeConfig{}, "no event_id header", ""},
+		{"two id headers", rec(order, "event_id", testID, "event_id", "7f8a0000-0000-0000-0000-0000000000c1"), DecodeConfig{}, "2 event_id headers: the event id is ambiguous", ""},
 		{"bad uuid", rec(order, "event_id", "not-a-uuid"), DecodeConfig{}, `event_id header "not-a-uuid" is not a UUID`, ""},
 		{"braced uuid", rec(order, "event_id", "{"+testID+"}"), DecodeConfig{}, "is not a UUID", ""},
 		{"invalid json", rec(`{"user_id":`, "event_id", testID), DecodeConfig{}, "value is not valid JSON", ""},

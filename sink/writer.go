@@ -29,11 +29,17 @@ type Config struct {
 	Handlers []Handler // at least one; names must be unique and non-empty
 	// Cache is the LRU fast path; nil disables it.
 	Cache *dedup.Cache
-	// TxTimeout bounds one transaction, COMMIT included; default 30s. The
-	// server also ends a session left idle inside a transaction for this
-	// long (idle_in_transaction_session_timeout), so a writer that stalls
-	// mid-transaction (a stopped process) cannot hold its locks forever.
+	// TxTimeout bounds one transaction, COMMIT included; default 30s.
 	TxTimeout time.Duration
+	// IdleTimeout is how long the server keeps a batch's transaction open
+	// while the writer sends nothing (idle_in_transaction_session_timeout);
+	// default 5s, at most TxTimeout. A writer that stalls mid-transaction
+	// (a stopped process, a zombie) holds its row locks — the counters
+	// every partition updates — that long at most, so one frozen member
+	// stalls the others' batches for IdleTimeout, not TxTimeout. A handler
+	// that computes longer than this between two statements has its
+	// transaction ended (and retried).
+	IdleTimeout time.Duration
 	// SkipLogLimit is how many dedup.skip lines a batch logs at Info; the
 	// rest are logged at Debug. Default 10.
 	SkipLogLimit int
@@ -49,6 +55,7 @@ const (
 	DefaultSchema         = "public"
 	DefaultBus            = "kafka"
 	DefaultTxTimeout      = 30 * time.Second
+	DefaultIdleTimeout    = 5 * time.Second
 	DefaultSkipLogLimit   = 10
 	DefaultSkipEventLimit = 32
 )
@@ -63,6 +70,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TxTimeout == 0 {
 		c.TxTimeout = DefaultTxTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = min(DefaultIdleTimeout, c.TxTimeout)
 	}
 	if c.SkipLogLimit == 0 {
 		c.SkipLogLimit = DefaultSkipLogLimit
@@ -86,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if c.TxTimeout < 0 {
 		ps = append(ps, fmt.Errorf("sink: TxTimeout %v is negative", c.TxTimeout))
+	}
+	if c.IdleTimeout < 0 || c.IdleTimeout > c.TxTimeout {
+		ps = append(ps, fmt.Errorf("sink: IdleTimeout %v is not between 0 and TxTimeout %v", c.IdleTimeout, c.TxTimeout))
 	}
 	if len(c.Handlers) == 0 {
 		ps = append(ps, errors.New("sink: at least one handler is required"))
@@ -157,7 +170,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Writer, error) {
 	// One round trip begins the transaction and bounds how long the server
 	// keeps it open while the client is silent.
 	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = %d",
-		max(cfg.TxTimeout.Milliseconds(), 1))
+		max(cfg.IdleTimeout.Milliseconds(), 1))
 	filtered := slices.ContainsFunc(cfg.Handlers, func(h Handler) bool { _, ok := h.(TopicFilter); return ok })
 	return &Writer{
 		filtered:  filtered,

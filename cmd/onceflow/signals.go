@@ -25,6 +25,7 @@ func abortOnSecondSignal(ctx context.Context, log *slog.Logger, abort func()) (s
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		defer signal.Stop(sig)
+		log.Info("signal received: draining (in-flight batches finish within drain_timeout); a second signal aborts")
 		select {
 		case <-sig:
 			log.Warn("second signal: aborting without committing")

@@ -36,7 +36,7 @@ func (a *app) pipelineConfig(pool *pgxpool.Pool, hs []sink.Handler, m *metrics.M
 // writerTuning is the sink config from the config, without what the
 // caller sets: schema, group, handlers, cache, logger, tracing.
 func (a *app) writerTuning() sink.Config {
-	return sink.Config{Bus: a.cfg.Bus, TxTimeout: a.cfg.Postgres.TxTimeout}
+	return sink.Config{Bus: a.cfg.Bus, TxTimeout: a.cfg.Postgres.TxTimeout, IdleTimeout: a.cfg.Postgres.IdleTimeout}
 }
 
 // writerConfig is the sink config for schema from the config, without
