@@ -25,7 +25,7 @@ func abortOnSecondSignal(ctx context.Context, log *slog.Logger, abort func()) (s
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		defer signal.Stop(sig)
-		log.Info("signal received: draining (in-flight batches finish within drain_timeout); a second signal aborts")
+		log.Info("stopping: draining (in-flight batches finish within drain_timeout); a second SIGTERM or SIGINT aborts")
 		select {
 		case <-sig:
 			log.Warn("second signal: aborting without committing")
