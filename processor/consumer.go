@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -102,8 +104,11 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	parts map[tp]*partition // the partitions assigned to this member now
-	cl    *kgo.Client
-	ran   atomic.Bool
+	// topicIDs are the Kafka ids of the consumed topics as of their last
+	// assignment, stored with each batch's offset.
+	topicIDs map[string]uuid.NullUUID
+	cl       *kgo.Client
+	ran      atomic.Bool
 
 	// hard is the parent of every worker's context; Abort cancels it, so
 	// every in-flight transaction rolls back.
@@ -153,7 +158,7 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 		log:    log,
 		tracer: provider.Tracer("github.com/onceflow/onceflow/processor"),
 		traced: !untraced,
-		parts:  map[tp]*partition{},
+		parts:  map[tp]*partition{}, topicIDs: map[string]uuid.NullUUID{},
 		dlWake: make(chan struct{}, 1),
 	}, nil
 }
@@ -385,13 +390,14 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 	for _, topic := range slices.Sorted(maps.Keys(offsets)) {
 		parts := offsets[topic]
 		ps := slices.Sorted(maps.Keys(parts))
+		id := c.topicID(ctx, topic)
 		leases, err := c.take(ctx, topic, ps)
 		if err != nil {
 			return nil, err // the assignment is being revoked
 		}
 		bounds := c.logBounds(ctx, topic, leases)
 		for _, p := range ps {
-			c.start(topic, p, leases[p], parts, bounds[p])
+			c.start(topic, p, leases[p], parts, bounds[p], id)
 		}
 	}
 	return offsets, nil
@@ -400,16 +406,21 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 // start decides where partition p of topic starts, sets it in parts, and
 // starts its worker (or leaves it paused when its stored offset is out of
 // range and the policy says so).
-func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kgo.Offset, b logBounds) {
+func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kgo.Offset, b logBounds, id uuid.NullUUID) {
 	k := tp{topic, p}
 	next := int64(-1)
 	paused := false
 	if s := l.NextOffset; s >= 0 {
 		next = s
-		if b.known && (s < b.start || s > b.end) {
+		recreated := id.Valid && l.TopicID.Valid && id.UUID != l.TopicID.UUID
+		if recreated || b.known && (s < b.start || s > b.end) {
 			c.stats.outOfRange.Add(1)
 			where := "below the log start: the records in between were deleted by retention and are not applied"
-			if s > b.end {
+			switch {
+			case recreated:
+				where = "of a topic deleted since and recreated under the same name (its topic id changed from " +
+					l.TopicID.UUID.String() + " to " + id.UUID.String() + ")"
+			case s > b.end:
 				where = "beyond the log end: the topic was probably deleted and recreated"
 			}
 			action := "consuming from the log start (kafka.offset_out_of_range: earliest)"
@@ -417,13 +428,16 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 				action = "the partition stays paused (kafka.offset_out_of_range: pause) until its offsets are reset"
 				paused = true
 			} else {
-				next = b.start
+				next = b.start // 0 when the bounds are unknown: the log start of a new topic
 			}
 			c.log.Error("stored offset is "+where+"; "+action, "topic", topic, "partition", p,
 				"stored_offset", s, "log_start", b.start, "log_end", b.end)
 		}
 		committed := parts[p].EpochOffset().Offset
 		parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
+		if recreated && !b.known && !paused {
+			parts[p] = kgo.NewOffset().AtStart()
+		}
 		if next != committed {
 			c.log.Info("resuming from the offset stored in postgres", "topic", topic, "partition", p,
 				"offset", next, "kafka_committed", committed)
@@ -442,6 +456,25 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 	}
 	part.w = c.newWorker(k, l, next)
 	c.cl.ResumeFetchPartitions(map[string][]int32{topic: {p}})
+}
+
+// topicID returns topic's Kafka topic id, remembering it for the workers
+// (they store it with each batch's offset); not Valid when the brokers do
+// not answer in time or have no topic ids.
+func (c *Consumer) topicID(ctx context.Context, topic string) uuid.NullUUID {
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	var id uuid.NullUUID
+	details, err := kadm.NewClient(c.cl).ListTopics(tctx, topic)
+	if d, ok := details[topic]; err == nil && ok && d.Err == nil && d.ID != (kadm.TopicID{}) {
+		id = uuid.NullUUID{UUID: uuid.UUID(d.ID), Valid: true}
+	} else {
+		c.log.Warn("read the topic's id; a topic recreated under the same name is only detected by its offsets", "topic", topic, "err", err)
+	}
+	c.mu.Lock()
+	c.topicIDs[topic] = id
+	c.mu.Unlock()
+	return id
 }
 
 // take takes partitions in Postgres, retrying with backoff until it

@@ -485,6 +485,61 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, tc.stored); err != nil {
 	}
 }
 
+// A topic deleted and recreated under the same name, whose new log has
+// grown past the offset stored for the old one, is detected by its topic
+// id: consumption starts at the new log's start (the policy's default),
+// not at the old offset, so no record of the new topic is skipped.
+func TestRecreatedTopicIsDetected(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		first, err := orders.Generate(100, 0, 17)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(first.Messages)
+		m := e.start(e.config("before"), e.writer(0))
+		e.waitProcessed(100, 60*time.Second)
+		m.stop(t)
+
+		adm := kadm.NewClient(e.client())
+		if _, err := adm.DeleteTopic(t.Context(), e.topic); err != nil {
+			t.Fatalf("delete topic: %v", err)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			resp, err := adm.CreateTopic(t.Context(), 1, 1, nil, e.topic)
+			if err == nil {
+				err = resp.Err
+			}
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("recreate topic: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond) // the deletion completes asynchronously
+		}
+		second, err := orders.Generate(300, 0, 18)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(second.Messages)
+
+		logs := &logRecorder{}
+		cfg := e.config("after")
+		cfg.Logger = slog.New(logs)
+		m = e.start(cfg, e.writer(0))
+		e.waitProcessed(400, 60*time.Second)
+		m.stop(t)
+		if _, ok := logs.find(slog.LevelError, "recreated under the same name"); !ok {
+			t.Errorf("no error logged about the recreated topic; logged: %v", logs.messages())
+		}
+		if got := e.processed(); got != 400 {
+			t.Errorf("applied %d events, want 400", got)
+		}
+	})
+}
+
 // A drain is bounded: with a batch blocked in Postgres (a lock held
 // elsewhere), canceling Run returns within DrainTimeout, having committed
 // nothing of the blocked batch; and Abort during a long drain ends it at

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -42,10 +43,11 @@ const (
 // A new worker (a new lease, after a new assignment or a retake) starts
 // again from the offset stored in Postgres.
 type worker struct {
-	c     *Consumer
-	key   tp
-	epoch int64 // the lease this worker writes under
-	fence int64 // the offset stored in Postgres as of the last commit (-1: none); worker goroutine only
+	c       *Consumer
+	key     tp
+	epoch   int64         // the lease this worker writes under
+	fence   int64         // the offset stored in Postgres as of the last commit (-1: none); worker goroutine only
+	topicID uuid.NullUUID // the topic's Kafka id, stored with each batch's offset; not Valid when unknown
 
 	next     atomic.Int64 // records below it are written: dropped
 	retrying bool         // worker goroutine only
@@ -69,7 +71,7 @@ type worker struct {
 func (c *Consumer) newWorker(k tp, l sink.Lease, next int64) *worker {
 	ctx, cancel := context.WithCancel(c.hard)
 	w := &worker{
-		c: c, key: k, epoch: l.Epoch, fence: l.NextOffset,
+		c: c, key: k, epoch: l.Epoch, fence: l.NextOffset, topicID: c.topicIDs[k.topic],
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		ctx: ctx, cancel: cancel,
 	}
@@ -284,7 +286,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
 	cfg := &w.c.cfg
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
-		NextOffset: recs[len(recs)-1].Offset + 1}
+		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID}
 	var links []trace.Link
 	for _, r := range recs {
 		ev, err := Decode(r, cfg.Decode)

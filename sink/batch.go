@@ -58,7 +58,11 @@ type Batch struct {
 	Fence int64
 	// NextOffset is the offset after the batch's last record: the value
 	// stored in sink_offsets by the batch.
-	NextOffset  int64
+	NextOffset int64
+	// TopicID, when Valid, is the Kafka topic id of the records: stored
+	// with NextOffset, so that a later owner can tell an offset of this
+	// topic from one of a topic recreated under the same name (Lease).
+	TopicID     uuid.NullUUID
 	Events      []Event
 	DeadLetters []DeadLetter
 }

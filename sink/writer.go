@@ -202,6 +202,11 @@ type Lease struct {
 	// NextOffset is the offset stored for the partition, where
 	// consumption must start; -1 when none is stored yet.
 	NextOffset int64
+	// TopicID is the Kafka topic id NextOffset was stored for (Batch.TopicID
+	// of the last batch); not Valid when unknown. A different id now means
+	// the topic was deleted and recreated: NextOffset is not an offset of
+	// the log there is today.
+	TopicID uuid.NullUUID
 }
 
 // Take makes the caller the writer of the given partitions of topic: in one
@@ -216,14 +221,14 @@ func (w *Writer) Take(ctx context.Context, topic string, partitions []int32) (ma
 	rows, err := w.pool.Query(ctx, `INSERT INTO `+w.offsets+` AS o (consumer_group, topic, partition, next_offset, epoch)
 SELECT $1, $2, p, NULL, 1 FROM unnest($3::int[]) AS p ORDER BY p
 ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET epoch = o.epoch + 1, updated_at = now()
-RETURNING partition, epoch, coalesce(next_offset, -1)`, w.cfg.Group, topic, ps)
+RETURNING partition, epoch, coalesce(next_offset, -1), topic_id`, w.cfg.Group, topic, ps)
 	if err != nil {
 		return nil, fmt.Errorf("take partitions: %w", err)
 	}
 	out := make(map[int32]Lease, len(ps))
 	var p int32
 	var l Lease
-	_, err = pgx.ForEachRow(rows, []any{&p, &l.Epoch, &l.NextOffset}, func() error { out[p] = l; return nil })
+	_, err = pgx.ForEachRow(rows, []any{&p, &l.Epoch, &l.NextOffset, &l.TopicID}, func() error { out[p] = l; return nil })
 	if err != nil {
 		return nil, fmt.Errorf("take partitions: %w", err)
 	}
@@ -593,9 +598,9 @@ func (w *Writer) storeOffset(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	if b.Fence >= 0 {
 		fence = &b.Fence
 	}
-	tag, err := tx.Exec(ctx, `UPDATE `+w.offsets+` SET next_offset = $4, updated_at = now()
+	tag, err := tx.Exec(ctx, `UPDATE `+w.offsets+` SET next_offset = $4, topic_id = coalesce($7::uuid, topic_id), updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $5 AND next_offset IS NOT DISTINCT FROM $6::bigint`,
-		w.cfg.Group, b.Topic, b.Partition, b.NextOffset, b.Epoch, fence)
+		w.cfg.Group, b.Topic, b.Partition, b.NextOffset, b.Epoch, fence, b.TopicID)
 	if err != nil {
 		return fmt.Errorf("store offset: %w", err)
 	}
