@@ -5,6 +5,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -110,12 +111,16 @@ func (h *handler) Name() string { return h.name }
 
 func (h *handler) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
 	orders := make([]Order, len(events))
+	var rejected []error
 	for i, e := range events {
 		o, err := Parse(e.Value)
 		if err != nil {
-			return &sink.RejectError{EventID: e.ID, Reason: err.Error()}
+			rejected = append(rejected, &sink.RejectError{EventID: e.ID, Reason: err.Error()})
 		}
 		orders[i] = o
+	}
+	if len(rejected) > 0 {
+		return errors.Join(rejected...) // every bad order of the batch at once
 	}
 	return h.apply(ctx, tx, h.table, events, orders)
 }

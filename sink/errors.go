@@ -57,7 +57,9 @@ func (e *FencedError) Committed() bool {
 // RejectError is what a Handler returns (possibly wrapped) for an event it
 // can never apply, such as a payload that does not describe a valid order.
 // The Writer rolls back what the event did, turns it into a dead letter
-// with Reason, and applies the rest of the batch.
+// with Reason, and applies the rest of the batch. A handler that finds
+// several such events in one batch returns them all, joined
+// (errors.Join): they are set aside in one step, without bisecting.
 type RejectError struct {
 	EventID uuid.UUID
 	Reason  string
@@ -209,3 +211,28 @@ type handlerError struct {
 
 func (e *handlerError) Error() string { return "handler " + e.handler + ": " + e.err.Error() }
 func (e *handlerError) Unwrap() error { return e.err }
+
+// rejects returns every *RejectError in err's tree (errors.Join, %w).
+func rejects(err error) []*RejectError {
+	var out []*RejectError
+	var walk func(error)
+	walk = func(err error) {
+		if err == nil {
+			return
+		}
+		if r, ok := err.(*RejectError); ok {
+			out = append(out, r)
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}

@@ -160,6 +160,57 @@ func TestWriteIsolatesDataErrors(t *testing.T) {
 	}
 }
 
+// Rejects a handler names all at once (errors.Join) are set aside in one
+// step: ten bad orders among a hundred cost the probe handler two calls in
+// the isolating transaction (the first try and the rest), not a bisection.
+func TestWriteSetsAsideJoinedRejects(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	probe := &counting{}
+	w := newWriter(t, pool, schema, nil, probe)
+	epoch := take(t, w)
+
+	const n = 100
+	var ids []uuid.UUID
+	var vals [][]byte
+	want := map[uuid.UUID]orders.Order{}
+	bad := map[uuid.UUID]bool{}
+	for i := range n {
+		id := uuid.New()
+		ids = append(ids, id)
+		if i%10 == 3 {
+			vals = append(vals, []byte(`{"user_id":0,"items":["A"]}`))
+			bad[id] = true
+			continue
+		}
+		o := orders.Order{UserID: int64(i + 1), Items: []string{"A"}}
+		vals = append(vals, order(o.UserID, o.Items...))
+		want[id] = o
+	}
+	res, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: n, Events: events(0, ids, vals)})
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if len(res.Rejected) != len(bad) || res.Applied != (n-len(bad))*5 {
+		t.Errorf("result: dead-lettered %d, applied %d; want %d, %d", len(res.Rejected), res.Applied, len(bad), (n-len(bad))*5)
+	}
+	for _, d := range res.Rejected {
+		if !bad[d.EventID.UUID] || !strings.HasPrefix(d.Reason, "rejected: ") {
+			t.Errorf("dead letter %s with reason %q, want one of the bad orders, rejected", d.EventID.UUID, d.Reason)
+		}
+	}
+	if probe.calls > 3 { // the first transaction, then the isolating one's two tries
+		t.Errorf("the probe handler was called %d times to set aside %d named rejects", probe.calls, len(bad))
+	}
+	rep, err := orders.Check(t.Context(), pool, schema, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+}
+
 // refHandler writes one row per event into a table whose foreign key is
 // checked at COMMIT (deferred): an event naming an unknown user violates it
 // only then.

@@ -551,11 +551,17 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 		if !IsData(err) {
 			return err
 		}
-		var reject *RejectError
-		if errors.As(err, &reject) {
-			if i := slices.IndexFunc(evs, func(e int) bool { return b.Events[e].ID == reject.EventID }); i >= 0 {
-				out.dead = append(out.dead, w.deadLetter(b, evs[i], err))
-				return try(slices.Delete(slices.Clone(evs), i, i+1))
+		// Events a handler named: set aside at once, all of them.
+		if rs := rejects(err); len(rs) > 0 {
+			rest := slices.Clone(evs)
+			for _, r := range rs {
+				if i := slices.IndexFunc(rest, func(e int) bool { return b.Events[e].ID == r.EventID }); i >= 0 {
+					out.dead = append(out.dead, w.deadLetter(b, rest[i], r))
+					rest = slices.Delete(rest, i, i+1)
+				}
+			}
+			if len(rest) < len(evs) {
+				return try(rest)
 			}
 		}
 		if len(evs) == 1 {
