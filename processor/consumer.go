@@ -104,6 +104,9 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	parts map[tp]*partition // the partitions assigned to this member now
+	// clientSet is closed once cl is set: the group may join, and call
+	// adjust, before kgo.NewClient has returned.
+	clientSet chan struct{}
 	// topicIDs are the Kafka ids of the consumed topics as of their last
 	// assignment, stored with each batch's offset.
 	topicIDs map[string]uuid.NullUUID
@@ -158,7 +161,7 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 		log:    log,
 		tracer: provider.Tracer("github.com/onceflow/onceflow/processor"),
 		traced: !untraced,
-		parts:  map[tp]*partition{}, topicIDs: map[string]uuid.NullUUID{},
+		parts:  map[tp]*partition{}, topicIDs: map[string]uuid.NullUUID{}, clientSet: make(chan struct{}),
 		dlWake: make(chan struct{}, 1),
 	}, nil
 }
@@ -258,6 +261,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.cl = cl
 	c.mu.Unlock()
+	close(c.clientSet)
 	c.log.Info("consumer starting", "group", c.cfg.Group, "topics", c.cfg.Topics, "client_id", c.cfg.ClientID, "brokers", c.cfg.Brokers)
 
 	// Background work owned by Run: the readiness check and the
@@ -387,6 +391,11 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 // committed — and starts their workers. It waits for Postgres as long as
 // the assignment lasts.
 func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	select {
+	case <-c.clientSet: // c.cl is used below
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	for _, topic := range slices.Sorted(maps.Keys(offsets)) {
 		parts := offsets[topic]
 		ps := slices.Sorted(maps.Keys(parts))
