@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -29,10 +30,11 @@ type EventAudit struct {
 }
 
 // Audit gathers what sink, the demo business and the outbox recorded about
-// event id in schema, listing processed rows in the order of handlers. A
-// part whose tables do not exist in schema is left out. It reads only.
-func Audit(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, schema string, handlers []string, id uuid.UUID) (EventAudit, error) {
-	a, err := sink.Audit(ctx, pool, schema, id)
+// event id in schema, listing processed rows in the order of handlers;
+// horizon is the dedup retention (0: unlimited). A part whose tables do
+// not exist in schema is left out. It reads only.
+func Audit(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, schema string, handlers []string, horizon time.Duration, id uuid.UUID) (EventAudit, error) {
+	a, err := sink.Audit(ctx, pool, schema, id, horizon)
 	if err != nil {
 		return EventAudit{}, err
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -40,7 +41,10 @@ type SeedConfig struct {
 	Bus       string        // the only bus served
 	Topic     string        // where replays are published
 	// Handlers orders the processed rows of an audit.
-	Handlers       []string
+	Handlers []string
+	// Horizon is the dedup retention (dedup.retention), from which an
+	// audit's retained_until is computed; 0: unlimited.
+	Horizon        time.Duration
 	TracerProvider trace.TracerProvider // nil: no spans
 }
 
@@ -185,7 +189,7 @@ func (s *Seed) audit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "event id %q is not a UUID", r.PathValue("id"))
 		return
 	}
-	ev, err := Audit(r.Context(), s.cfg.Pool, s.cfg.Store, s.cfg.Schema, s.cfg.Handlers, id)
+	ev, err := Audit(r.Context(), s.cfg.Pool, s.cfg.Store, s.cfg.Schema, s.cfg.Handlers, s.cfg.Horizon, id)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "audit: %v", err)
 		return

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 )
@@ -111,9 +112,14 @@ type Postgres struct {
 	CallTimeout time.Duration `mapstructure:"call_timeout"`
 }
 
-// Dedup sizes the LRU fast path.
+// Dedup sizes the LRU fast path and sets the dedup horizon.
 type Dedup struct {
 	LRUSize int `mapstructure:"lru_size"`
+	// Retention is the dedup horizon: claims are kept at least this long,
+	// then dropped a slice at a time; 0 keeps them forever.
+	Retention time.Duration `mapstructure:"retention"`
+	// RetentionSlices is how many slices one horizon spans.
+	RetentionSlices int `mapstructure:"retention_slices"`
 }
 
 // Log configures log/slog output on stderr.
@@ -128,6 +134,11 @@ type HTTP struct {
 }
 
 // DefaultDSN is the database infra/postgres.sh creates.
+// DefaultRetention is dedup.retention's default, a week: Kafka's default
+// retention.ms, so that by default nothing the brokers can still deliver
+// is older than the horizon.
+const DefaultRetention = 7 * 24 * time.Hour
+
 const DefaultDSN = "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode=disable"
 
 // defaults has a value for every key; it is also the list of known keys.
@@ -160,6 +171,8 @@ var defaults = map[string]any{
 	"postgres.idle_in_transaction_timeout": sink.DefaultIdleTimeout,
 	"postgres.call_timeout":                processor.DefaultCallTimeout,
 	"dedup.lru_size":                       100000,
+	"dedup.retention":                      DefaultRetention,
+	"dedup.retention_slices":               dedup.DefaultRetentionSlices,
 	"handlers":                             []string{}, // the program's Default: every Go handler it registers
 	"sql_handlers":                         []map[string]any{},
 	"bus":                                  "kafka",
@@ -446,6 +459,12 @@ func (c Config) Validate() error {
 	}
 	if c.Dedup.LRUSize < 0 {
 		bad("dedup.lru_size", "must be >= 0 (0 disables the cache), got %d", c.Dedup.LRUSize)
+	}
+	if c.Dedup.Retention < 0 {
+		bad("dedup.retention", "must be >= 0 (0 keeps the dedup state forever), got %v", c.Dedup.Retention)
+	}
+	if c.Dedup.RetentionSlices < 1 || c.Dedup.RetentionSlices > dedup.MaxRetentionSlices {
+		bad("dedup.retention_slices", "must be between 1 and %d, got %d", dedup.MaxRetentionSlices, c.Dedup.RetentionSlices)
 	}
 	// Which names exist is the program's to say, where it builds the
 	// handlers; here only the list's shape.

@@ -30,7 +30,6 @@ func BenchmarkCacheSeen(b *testing.B) {
 func BenchmarkClaim(b *testing.B) {
 	pool := sinktest.Pool(b)
 	schema := sinktest.Schema(b, pool)
-	table := pgx.Identifier{schema, "processed_events"}.Sanitize()
 	ctx := b.Context()
 	const n = 1000
 	keys := make([]dedup.Key, n)
@@ -39,7 +38,7 @@ func BenchmarkClaim(b *testing.B) {
 			keys[i] = dedup.Key{EventID: uuid.New(), Handler: "emailHandler"}
 		}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := dedup.Claim(ctx, tx, table, "kafka", "", keys, nil)
+			_, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys, nil)
 			return err
 		})
 		if err != nil {
@@ -76,7 +75,7 @@ func BenchmarkDuplicateCheck(b *testing.B) {
 		digests[i] = dedup.PayloadDigest(keys[i].EventID[:])
 	}
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := dedup.Claim(ctx, tx, table, "kafka", "", keys, digests)
+		_, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys, digests)
 		return err
 	}); err != nil {
 		b.Fatal(err)
@@ -89,7 +88,7 @@ func BenchmarkDuplicateCheck(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			for b.Loop() {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					if _, err := dedup.Claim(ctx, tx, table, "kafka", "", keys, digests); err != nil {
+					if _, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys, digests); err != nil {
 						return err
 					}
 					if check {

@@ -55,7 +55,6 @@ func TestCache(t *testing.T) {
 func TestClaim(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool)
-	table := pgx.Identifier{schema, "processed_events"}.Sanitize()
 	ctx := t.Context()
 	x, y := uuid.New(), uuid.New()
 	claim := func(keys ...dedup.Key) []bool {
@@ -63,7 +62,7 @@ func TestClaim(t *testing.T) {
 		var got []bool
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
-			got, err = dedup.Claim(ctx, tx, table, "kafka", "", keys, nil)
+			got, err = dedup.Claim(ctx, tx, schema, "kafka", "", keys, nil)
 			return err
 		})
 		if err != nil {
@@ -101,7 +100,7 @@ func TestClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := dedup.Claim(ctx, tx, table, "kafka", "", []dedup.Key{z}, nil); err != nil || !got[0] {
+	if got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{z}, nil); err != nil || !got[0] {
 		t.Fatalf("claim in a transaction: %v, %v", got, err)
 	}
 	_ = tx.Rollback(context.Background())

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -70,6 +71,15 @@ type Config struct {
 	// every key is then claimed in Postgres (which stays the truth either
 	// way).
 	LRUSize int
+	// Retention is the dedup horizon: processed_events keeps every claim
+	// at least this long, and Run drops the slices past it (see
+	// dedup.Retention). A redelivery within the horizon is always caught;
+	// one older may be applied again. 0 keeps claims forever. Run also
+	// warns when a consumed topic keeps records longer than the horizon.
+	Retention time.Duration
+	// RetentionSlices is how many slices one horizon spans; default
+	// dedup.DefaultRetentionSlices (1). See dedup.Retention.
+	RetentionSlices int
 
 	Logger *slog.Logger // nil discards
 	// TracerProvider, if set (and not a no-op one), traces batches, their
@@ -129,6 +139,14 @@ func (c Config) Validate() error {
 	if c.PoolSize < 1 {
 		bad("PoolSize %d is below 1", c.PoolSize)
 	}
+	if c.Retention < 0 {
+		bad("Retention %v is negative (0 keeps the dedup state forever)", c.Retention)
+	}
+	if c.Retention > 0 {
+		if err := c.retention(&pgxpool.Pool{}).Validate(); err != nil {
+			ps = append(ps, err)
+		}
+	}
 	type field struct {
 		name string
 		set  bool
@@ -161,6 +179,7 @@ func (c Config) consumerConfig(m *metrics.Metrics) processor.Config {
 	k := c.Consumer
 	k.Brokers, k.Topics, k.Group, k.DeadLetterTopic = c.Brokers, c.Topics, c.Group, c.DeadLetterTopic
 	k.Logger, k.TracerProvider = c.Logger, c.TracerProvider
+	k.DedupHorizon = c.Retention
 	if m != nil {
 		next := k.OnBatch
 		k.OnBatch = func(b processor.BatchInfo) {
@@ -180,6 +199,11 @@ func (c Config) consumerConfig(m *metrics.Metrics) processor.Config {
 		k.KafkaOptions = append(append([]kgo.Opt(nil), k.KafkaOptions...), kgo.WithHooks(kt.Hooks()...))
 	}
 	return k
+}
+
+// retention is the dedup retention over pool.
+func (c Config) retention(pool *pgxpool.Pool) dedup.Retention {
+	return dedup.Retention{Pool: pool, Schema: c.Schema, Horizon: c.Retention, Slices: c.RetentionSlices, Logger: c.Logger}
 }
 
 // writerConfig is the sink's config: Writer with Config's own fields.
@@ -339,6 +363,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	if aborted {
 		c.Abort() // Abort came between the wait and now: Run returns at once
+	}
+	if r.cfg.Retention > 0 {
+		// Retention runs while the consumer does, and stops with it.
+		rctx, stopRetention := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = r.cfg.retention(pool).Run(rctx) // validated by New
+		}()
+		defer func() { stopRetention(); <-done }()
 	}
 	return c.Run(ctx)
 }

@@ -86,6 +86,12 @@ type Config struct {
 	// naming the topic, the partition and both offsets is logged and
 	// counted (Stats.OffsetsOutOfRange).
 	OffsetOutOfRange OutOfRange
+	// DedupHorizon is how long the sink keeps its dedup state
+	// (dedup.Retention; 0: forever). When set, the consumer reads the
+	// consumed topics' retention.ms once the brokers answer and warns for
+	// each that keeps records longer: a rewind or a redelivery older than
+	// the horizon would apply its events again.
+	DedupHorizon time.Duration
 
 	Logger         *slog.Logger                  // nil discards
 	TracerProvider trace.TracerProvider          // nil disables tracing

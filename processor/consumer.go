@@ -274,6 +274,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); c.publishDeadLetters(bg, cl) }()
 	}
+	if c.cfg.DedupHorizon > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.checkHorizon(bg, cl) }()
+	}
 
 	c.poll(runCtx, cl)
 

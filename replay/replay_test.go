@@ -298,7 +298,7 @@ func TestBackfillOneHandler(t *testing.T) {
 		if n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.sink_replays WHERE consumer_group = $1 AND handler = $2`, e.group, orders.Recommender); n != 2 {
 			t.Errorf("sink_replays rows for the backfill = %d, want 2 (one per partition)", n)
 		}
-		backfilled, err := sink.Audit(t.Context(), e.pool, e.schema, s.Messages[0].ID)
+		backfilled, err := sink.Audit(t.Context(), e.pool, e.schema, s.Messages[0].ID, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

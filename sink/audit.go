@@ -23,6 +23,14 @@ type Processed struct {
 	// row (a rewind for this handler, after which the handler applied an
 	// event its siblings had applied before the rewind); 0 otherwise.
 	ReplayedBy int64 `json:"replayed_by,omitempty"`
+	// Slice is the dedup slice the row is in (see dedup.Retention).
+	Slice int32 `json:"slice"`
+	// RetainedUntil is when the row may be dropped at the earliest, past
+	// the dedup horizon: the end of its slice plus the horizon (for the
+	// current slice, whose end is not known, now plus the horizon). A
+	// redelivery of the event before then is always skipped. Absent when
+	// the horizon is unlimited.
+	RetainedUntil *time.Time `json:"retained_until,omitempty"`
 }
 
 // DeadLetterRow is one dead_letters row, as audited.
@@ -50,8 +58,9 @@ type EventAudit struct {
 }
 
 // Audit reads the processed_events and dead_letters rows of one event in
-// schema, processed rows in handler order.
-func Audit(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID) (EventAudit, error) {
+// schema, processed rows in handler order. horizon is the dedup retention
+// (0: unlimited), which RetainedUntil is computed from.
+func Audit(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID, horizon time.Duration) (EventAudit, error) {
 	t := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	a := EventAudit{EventID: id, Processed: []Processed{}, DeadLetters: []DeadLetterRow{}}
 	rows, err := pool.Query(ctx, `SELECT p.handler, p.bus, p.processed_at, coalesce(p.trace_id, ''),
@@ -60,8 +69,12 @@ func Audit(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID)
     WHERE r.handler = p.handler AND r.created_at <= p.processed_at
       AND EXISTS (SELECT 1 FROM `+t("processed_events")+` s
                   WHERE s.event_id = p.event_id AND s.handler <> p.handler AND s.processed_at < r.created_at)
-    ORDER BY r.created_at DESC LIMIT 1), 0)
-FROM `+t("processed_events")+` p WHERE p.event_id = $1 ORDER BY p.processed_at, p.handler`, id)
+    ORDER BY r.created_at DESC LIMIT 1), 0),
+  p.slice,
+  CASE WHEN $2::bigint > 0 THEN coalesce(
+    (SELECT n.started_at FROM `+t("processed_events_slices")+` n WHERE n.slice > p.slice ORDER BY n.slice LIMIT 1),
+    clock_timestamp()) + make_interval(secs => $2::bigint / 1e6) END
+FROM `+t("processed_events")+` p WHERE p.event_id = $1 ORDER BY p.processed_at, p.handler`, id, horizon.Microseconds())
 	if err != nil {
 		return a, fmt.Errorf("audit processed_events: %w", err)
 	}

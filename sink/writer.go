@@ -444,7 +444,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		ks[i], ds[i] = p.key, p.digest
 	}
 	cctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(ks))))
-	won, err := dedup.Claim(cctx, tx, w.processed, w.cfg.Bus, traceID, ks, ds)
+	won, err := dedup.Claim(cctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, ks, ds)
 	endSpan(span, err)
 	if err != nil {
 		return outcome{}, err

@@ -25,7 +25,7 @@ func newAuditCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				res, err := api.Audit(cmd.Context(), pool, store, a.cfg.Postgres.Schema, a.handlerNames(), id)
+				res, err := api.Audit(cmd.Context(), pool, store, a.cfg.Postgres.Schema, a.handlerNames(), a.cfg.Dedup.Retention, id)
 				if err != nil {
 					return err
 				}

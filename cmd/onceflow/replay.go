@@ -16,11 +16,10 @@ import (
 	"github.com/onceflow/onceflow/replay"
 )
 
-// dedupHorizon is how long processed_events rows are kept: the age beyond
-// which a rewind would re-apply effects. No retention is configurable yet,
-// so rows are kept for ever and the horizon is unlimited (0); when
-// dedup.retention exists, return it here.
-func dedupHorizon(config.Config) time.Duration { return 0 }
+// dedupHorizon is how long processed_events rows are kept at least
+// (dedup.retention): the age beyond which a rewind may re-apply effects;
+// 0 (kept forever) is an unlimited horizon.
+func dedupHorizon(c config.Config) time.Duration { return c.Dedup.Retention }
 
 func newReplayCmd() *cobra.Command {
 	var (

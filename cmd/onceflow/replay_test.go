@@ -63,7 +63,7 @@ func TestReplayCommand(t *testing.T) {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
 	t.Logf("dry run:\n%s", out)
-	for _, want := range []string{"dedup horizon: unlimited", "orders  0          5     0   5", "total", "recommenderHandler  5      0     0", "emailHandler        0      5     0"} {
+	for _, want := range []string{"dedup horizon: 168h0m0s (dedup.retention)", "orders  0          5     0   5", "total", "recommenderHandler  5      0     0", "emailHandler        0      5     0"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, out)
 		}

@@ -127,15 +127,16 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 		return nil, err
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	wg.Add(2)
+	errs := make([]error, 3)
+	wg.Add(3)
 	go func() { defer wg.Done(); errs[0] = consumer.Run(ctx) }()
 	go func() { defer wg.Done(); errs[1] = relay.Run(ctx) }()
+	go func() { defer wg.Done(); errs[2] = a.runRetention(ctx, pool) }()
 	return &server{addr: srv.Addr(), wait: func() error {
 		wg.Wait()
 		herr := stopServer(ctx, srv)
 		done.run()
-		return errors.Join(errs[0], errs[1], herr)
+		return errors.Join(errs[0], errs[1], errs[2], herr)
 	}}, nil
 }
 
@@ -155,6 +156,16 @@ func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
 	}
 	done.add(c.Close)
 	return c.ListenAddrs(), nil
+}
+
+// runRetention keeps the dedup state to dedup.retention until ctx ends
+// (nothing when it is 0: kept forever).
+func (a *app) runRetention(ctx context.Context, pool *pgxpool.Pool) error {
+	if a.cfg.Dedup.Retention <= 0 {
+		return nil
+	}
+	return dedup.Retention{Pool: pool, Schema: a.cfg.Postgres.Schema, Horizon: a.cfg.Dedup.Retention,
+		Slices: a.cfg.Dedup.RetentionSlices, Logger: a.log}.Run(ctx)
 }
 
 func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Metrics) (*processor.Consumer, error) {
@@ -194,7 +205,7 @@ func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metric
 		return nil, err
 	}
 	seed, err := api.NewSeed(api.SeedConfig{Pool: pool, Store: store, Publisher: relay, Schema: a.cfg.Postgres.Schema,
-		Bus: a.cfg.Bus, Topic: a.cfg.Kafka.Topics[0], Handlers: a.cfg.Handlers, TracerProvider: a.tp})
+		Bus: a.cfg.Bus, Topic: a.cfg.Kafka.Topics[0], Handlers: a.cfg.Handlers, Horizon: a.cfg.Dedup.Retention, TracerProvider: a.tp})
 	if err != nil {
 		return nil, err
 	}

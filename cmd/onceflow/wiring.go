@@ -27,6 +27,7 @@ func (a *app) pipelineConfig(pool *pgxpool.Pool, hs []sink.Handler, m *metrics.M
 		Brokers: k.Brokers, Topics: k.Topics, Group: k.Group, DeadLetterTopic: k.DeadLetterTopic,
 		Pool: pool, Schema: a.cfg.Postgres.Schema,
 		Handlers: hs, Migrate: registry.migrator(a.cfg.Handlers), LRUSize: lru,
+		Retention: a.cfg.Dedup.Retention, RetentionSlices: a.cfg.Dedup.RetentionSlices,
 		Logger: a.log, TracerProvider: a.tp, Metrics: m,
 		Consumer: a.consumerTuning(k.ClientID),
 		Writer:   a.writerTuning(),
@@ -101,6 +102,7 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 	c := a.consumerTuning(name)
 	c.Brokers, c.Topics, c.Group, c.DeadLetterTopic = brokers, k.Topics, k.Group, k.DeadLetterTopic
 	c.Logger, c.TracerProvider, c.OnBatch = a.log, tp, m.OnBatch
+	c.DedupHorizon = a.cfg.Dedup.Retention
 	c.KafkaOptions = a.kafkaOptions(name)
 	return c
 }

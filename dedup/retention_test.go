@@ -1,0 +1,306 @@
+package dedup_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// retentionEnv is a migrated schema with helpers to claim keys and to
+// move the slices' start times into the past (time passing, without
+// sleeping).
+type retentionEnv struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func newRetentionEnv(t *testing.T) *retentionEnv {
+	pool := sinktest.Pool(t)
+	return &retentionEnv{t: t, pool: pool, schema: sinktest.Schema(t, pool)}
+}
+
+func (e *retentionEnv) claim(keys ...dedup.Key) []bool {
+	e.t.Helper()
+	var got []bool
+	err := pgx.BeginFunc(e.t.Context(), e.pool, func(tx pgx.Tx) error {
+		var err error
+		got, err = dedup.Claim(e.t.Context(), tx, e.schema, "kafka", "", keys, nil)
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return got
+}
+
+// age sets slice n's start to ago before now.
+func (e *retentionEnv) age(n int, ago time.Duration) {
+	e.t.Helper()
+	tag, err := e.pool.Exec(e.t.Context(), `UPDATE `+pgx.Identifier{e.schema, "processed_events_slices"}.Sanitize()+
+		` SET started_at = now() - make_interval(secs => $2) WHERE slice = $1`, n, ago.Seconds())
+	if err != nil || tag.RowsAffected() != 1 {
+		e.t.Fatalf("age slice %d: %v (%d rows)", n, err, tag.RowsAffected())
+	}
+}
+
+func (e *retentionEnv) slices() []int32 {
+	e.t.Helper()
+	var ids []int32
+	if err := e.pool.QueryRow(e.t.Context(), `SELECT coalesce(array_agg(slice ORDER BY slice), '{}') FROM `+
+		pgx.Identifier{e.schema, "processed_events_slices"}.Sanitize()).Scan(&ids); err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+func (e *retentionEnv) partitions() int64 {
+	e.t.Helper()
+	return sinktest.Count(e.t, e.pool, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'processed_events'`, e.schema)
+}
+
+func (e *retentionEnv) retention(horizon time.Duration) dedup.Retention {
+	return dedup.Retention{Pool: e.pool, Schema: e.schema, Horizon: horizon, LockTimeout: 300 * time.Millisecond}
+}
+
+func key() dedup.Key { return dedup.Key{EventID: uuid.New(), Handler: "h"} }
+
+// A key is caught as a duplicate for the whole horizon, across a rotation,
+// and forgotten only once its slice ended a horizon ago: the boundary on
+// both sides.
+func TestRetentionHorizon(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	r := e.retention(time.Hour)
+	a := key()
+	if got := e.claim(a); !got[0] {
+		t.Fatal("a new key was not claimed")
+	}
+
+	// The slice is younger than its width: nothing happens.
+	if res, err := r.Step(ctx); err != nil || res.Rotated || len(res.Dropped) > 0 || res.Current != 0 {
+		t.Fatalf("step on a young slice = %+v, %v; want nothing done", res, err)
+	}
+	// An hour later (the width, with one slice per horizon) slice 1 starts.
+	e.age(0, time.Hour+time.Minute)
+	res, err := r.Step(ctx)
+	if err != nil || !res.Rotated || res.Current != 1 || len(res.Dropped) > 0 {
+		t.Fatalf("step after the width = %+v, %v; want slice 1 started, nothing dropped", res, err)
+	}
+	b := key()
+	if got := e.claim(a, b); got[0] || !got[1] {
+		t.Fatalf("after the rotation: claimed %v, want [false true] (a is in the older slice)", got)
+	}
+	if got := e.claim(b); got[0] {
+		t.Fatal("a key claimed in the current slice was claimed again")
+	}
+
+	// Slice 0 ended a minute less than the horizon ago: a is kept.
+	e.age(1, time.Hour-time.Minute)
+	if res, err := r.Step(ctx); err != nil || len(res.Dropped) > 0 {
+		t.Fatalf("step within the horizon = %+v, %v; want nothing dropped", res, err)
+	}
+	if got := e.claim(a); got[0] {
+		t.Fatal("a key claimed less than the horizon ago was claimed again")
+	}
+	// Slice 0 ended the horizon ago: it is dropped whole, a is forgotten
+	// (its redelivery is applied again: past the horizon), b is kept.
+	e.age(1, time.Hour+time.Second)
+	res, err = r.Step(ctx)
+	if err != nil || len(res.Dropped) != 1 || res.Dropped[0] != 0 {
+		t.Fatalf("step past the horizon = %+v, %v; want slice 0 dropped", res, err)
+	}
+	if got := e.slices(); len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		// Slice 1 was also older than its width: a new one started first.
+		t.Fatalf("live slices = %v, want [1 2]", got)
+	}
+	if n := e.partitions(); n != 2 {
+		t.Errorf("processed_events has %d partitions, want 2", n)
+	}
+	if got := e.claim(a, b); !got[0] || got[1] {
+		t.Fatalf("after the drop: claimed %v, want [true false]", got)
+	}
+}
+
+// A rotation waits for the claims in flight: a transaction that claimed a
+// key in the current slice and has not committed holds the rotation off,
+// and a claim of the same key that starts meanwhile, in another
+// transaction, is settled against it after the rotation — never claimed
+// twice across two slices.
+func TestRetentionRotationWaitsForClaims(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	k := key()
+	e.age(0, 2*time.Hour)
+
+	tx1, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx1.Rollback(context.Background()) //nolint:errcheck
+	if got, err := dedup.Claim(ctx, tx1, e.schema, "kafka", "", []dedup.Key{k}, nil); err != nil || !got[0] {
+		t.Fatalf("first claim: %v, %v", got, err)
+	}
+
+	// A short lock timeout: the rotation gives up, nothing changes.
+	short := e.retention(time.Hour)
+	if res, err := short.Step(ctx); err != nil || !res.Busy || res.Rotated {
+		t.Fatalf("step during an open claim = %+v, %v; want busy, not rotated", res, err)
+	}
+	if got := e.slices(); len(got) != 1 {
+		t.Fatalf("slices after a busy step = %v, want [0]", got)
+	}
+
+	// A patient rotation waits; a second claim of k queues behind it.
+	patient := short
+	patient.LockTimeout = 30 * time.Second
+	var wg sync.WaitGroup
+	var res dedup.StepResult
+	var stepErr, claimErr error
+	var second []bool
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		res, stepErr = patient.Step(ctx)
+	}()
+	waitLockWaiters(t, e.pool, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		claimErr = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var err error
+			second, err = dedup.Claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{k}, nil)
+			return err
+		})
+	}()
+	waitLockWaiters(t, e.pool, 2)
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if stepErr != nil || !res.Rotated || res.Current != 1 {
+		t.Fatalf("patient step = %+v, %v; want slice 1 started", res, stepErr)
+	}
+	if claimErr != nil {
+		t.Fatal(claimErr)
+	}
+	if second[0] {
+		t.Fatal("the key was claimed twice: once in slice 0, once in slice 1")
+	}
+	if n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+pgx.Identifier{e.schema, "processed_events"}.Sanitize()+
+		` WHERE event_id = $1`, k.EventID); n != 1 {
+		t.Fatalf("%d rows for the key, want 1", n)
+	}
+}
+
+// waitLockWaiters waits until n sessions wait for an advisory lock.
+func waitLockWaiters(t *testing.T, pool *pgxpool.Pool, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if sinktest.Count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) >= n {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%d sessions never waited for the slice lock", n)
+}
+
+// Several maintainers on one schema: one rotates, the others do nothing,
+// and nobody fails.
+func TestRetentionConcurrentMaintainers(t *testing.T) {
+	e := newRetentionEnv(t)
+	e.age(0, 2*time.Hour)
+	r := e.retention(time.Hour)
+	var wg sync.WaitGroup
+	results := make([]dedup.StepResult, 4)
+	errs := make([]error, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = r.Step(t.Context())
+		}()
+	}
+	wg.Wait()
+	rotated := 0
+	for i := range results {
+		if errs[i] != nil {
+			t.Errorf("maintainer %d: %v", i, errs[i])
+		}
+		if results[i].Rotated {
+			rotated++
+		}
+	}
+	if rotated != 1 {
+		t.Errorf("%d maintainers rotated, want 1", rotated)
+	}
+	if got := e.slices(); len(got) != 2 {
+		t.Errorf("slices = %v, want [0 1]", got)
+	}
+}
+
+// Run keeps the table to the horizon on the real clock: with a horizon of
+// a second, keys claimed in the first slice are gone a few seconds later,
+// and the number of partitions stays bounded while claims go on.
+func TestRetentionRun(t *testing.T) {
+	e := newRetentionEnv(t)
+	r := e.retention(time.Second)
+	r.Slices = 2
+	r.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	first := key()
+	e.claim(first)
+	most := int64(0)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if got := e.claim(key()); !got[0] {
+			t.Fatal("a new key was not claimed")
+		}
+		most = max(most, e.partitions())
+		if ids := e.slices(); ids[0] > 0 {
+			break // slice 0, with first, is gone
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slice 0 was not dropped within 20s (slices %v)", e.slices())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := e.claim(first); !got[0] {
+		t.Error("a key past the horizon, its slice dropped, was still a duplicate")
+	}
+	// Two slices per horizon: at most the current one, two older ones
+	// within the horizon and one due for dropping.
+	if most > 4 {
+		t.Errorf("up to %d partitions, want at most 4", most)
+	}
+}
+
+func TestRetentionValidate(t *testing.T) {
+	err := dedup.Retention{Slices: 99, Interval: -1}.Validate()
+	for _, want := range []string{"Pool is required", "Horizon must be > 0", "Slices must be between 1 and", "Interval"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to name %q", err, want)
+		}
+	}
+}
