@@ -1,17 +1,21 @@
 package pipeline_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
@@ -274,4 +278,84 @@ func waitFor(t *testing.T, done <-chan error, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// With Retention set, Run keeps the dedup state to the horizon while it
+// consumes — slices started and dropped — warns about a topic that keeps
+// records longer, and stops its maintenance with the consumer.
+func TestRunRetention(t *testing.T) {
+	dsn := sinktest.DSN(t)
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	adm := kadm.NewClient(mustClient(t, c))
+	if _, err := adm.AlterTopicConfigs(t.Context(), []kadm.AlterConfig{{Name: "retention.ms", Value: kadm.StringPtr("86400000")}}, "events"); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, c, wire.NewRecord("events", uuid.New(), []byte(`{}`)))
+
+	var logs syncBuffer
+	r, err := pipeline.New(pipeline.Config{
+		Brokers: c.ListenAddrs(), Topics: []string{"events"}, Group: "retention-test",
+		DSN: dsn, Schema: schema, Handlers: []sink.Handler{sink.HandlerFunc("h", noop)},
+		Retention: time.Second, RetentionSlices: 2,
+		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+		Consumer: processor.Config{KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	slices := pgx.Identifier{schema, "processed_events_slices"}.Sanitize()
+	waitFor(t, done, "slice 0 dropped past the horizon", func() bool {
+		return sinktest.Count(t, pool, `SELECT min(slice) FROM `+slices) > 0
+	})
+	waitFor(t, done, "the topic's retention warned about", func() bool {
+		return strings.Contains(logs.String(), "the topic keeps records for 24h0m0s, longer than the dedup horizon")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	// Nothing rotates once Run has returned.
+	n := sinktest.Count(t, pool, `SELECT max(slice) FROM `+slices)
+	time.Sleep(1500 * time.Millisecond)
+	if m := sinktest.Count(t, pool, `SELECT max(slice) FROM `+slices); m != n {
+		t.Errorf("slices went on rotating after Run returned: %d, then %d", n, m)
+	}
+}
+
+func mustClient(t *testing.T, c *kfake.Cluster) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }
