@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench bench-full bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls
+.PHONY: help build demo test test-kfake lint fuzz bench bench-full bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -31,10 +31,14 @@ lint: ## go vet and gofmt
 
 bench: up-postgres ## end-to-end benchmark, short mode (under 2 minutes): benchmarks/out/
 	$(GO) run ./benchmarks -short -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)"
+	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -horizon 2s -duration 10s
 	$(GO) test ./dedup -run '^$$' -bench . -benchtime 2s
 
 bench-full: up-postgres ## the full benchmark behind the README's figures: benchmarks/results/
 	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results
+
+bench-retention: up-postgres ## processed_events size under steady load at a 20s horizon, 3 minutes: benchmarks/results/retention
+	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results/retention $(ARGS)
 
 bench-backlog: up-postgres up-kafka ## peak RSS of one onceflow run draining a 5M-record backlog from the real Kafka: benchmarks/out/backlog-rss
 	$(GO) run ./benchmarks backlog -brokers $$(infra/kafka.sh brokers) -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" \

@@ -126,6 +126,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "backlog" {
 		os.Exit(mainBacklog(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "retention" {
+		os.Exit(mainRetention(os.Args[2:]))
+	}
 	o, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchmarks:", err)

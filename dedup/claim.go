@@ -69,13 +69,16 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 	if traceID != "" {
 		trace = &traceID
 	}
-	// With no older slice the probe is left out; otherwise the slice is a
+	// With no older slice the probe is left out. Otherwise the slice is a
 	// parameter, not a subquery, so that the probe is pruned to the
-	// partitions below it when the statement runs.
+	// partitions below it when the statement runs; and OFFSET 0 keeps the
+	// probe a per-key index lookup: without it the planner may turn it
+	// into a hash anti-join that reads whole older slices (it did, on a
+	// slice not yet analyzed, at a tenth of the rate).
 	older := ""
 	if oldest < current {
 		older = `WHERE NOT EXISTS (SELECT 1 FROM ` + t.processed + ` o
-    WHERE o.event_id = k.event_id AND o.handler = k.handler AND o.slice < $6::integer)`
+    WHERE o.event_id = k.event_id AND o.handler = k.handler AND o.slice < $6::integer OFFSET 0)`
 	}
 	rows, err := q.Query(ctx, `INSERT INTO `+t.slice(current)+` (event_id, handler, bus, trace_id, payload_digest, slice)
 SELECT k.event_id, k.handler, $3, $4, k.digest, $6
