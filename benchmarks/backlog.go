@@ -299,7 +299,9 @@ func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogRep
 	progress("member: pid %d, http %s, log %s", m.pid, m.addr, m.logPath)
 	tick := time.NewTicker(o.sampleEvery)
 	defer tick.Stop()
-	sizes := `SELECT pg_relation_size($1::regclass), pg_indexes_size($1::regclass), pg_total_relation_size($2::regclass)`
+	// processed_events is partitioned (dedup slices): its size is its leaves'.
+	sizes := `SELECT coalesce(sum(pg_relation_size(relid)), 0)::bigint, coalesce(sum(pg_indexes_size(relid)), 0)::bigint,
+    pg_total_relation_size($2::regclass) FROM pg_partition_tree($1::regclass) WHERE isleaf`
 	processed := pgx.Identifier{e.schema, "processed_events"}.Sanitize()
 	emails := pgx.Identifier{e.schema, "emails_sent"}.Sanitize()
 	lastLog := time.Now()

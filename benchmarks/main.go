@@ -186,7 +186,7 @@ func run(ctx context.Context, o options) error {
 	if o.brokers != "" {
 		broker = "Apache Kafka at " + o.brokers
 	}
-	rep := &Report{Command: "go run ./benchmarks " + strings.Join(os.Args[1:], " "), Machine: machine(),
+	rep := &Report{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Machine: machine(),
 		Broker: broker, Handlers: o.handlers, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}

@@ -68,7 +68,10 @@ func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids str
 	p.Events = (rows + hs - 1) / hs
 	p.Rows = p.Events * hs
 	email := slices.Contains(handlers, orders.Email)
-	processed := pgx.Identifier{e.schema, "processed_events"}.Sanitize()
+	// The rows go into slice 0, the current one of a new schema, detached
+	// while it is filled and indexed (see dedup.Retention).
+	parent := pgx.Identifier{e.schema, "processed_events"}.Sanitize()
+	processed := pgx.Identifier{e.schema, "processed_events_s0"}.Sanitize()
 	emails := pgx.Identifier{e.schema, "emails_sent"}.Sanitize()
 	start := time.Now()
 	conn, err := e.pool.Acquire(ctx)
@@ -85,7 +88,10 @@ func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids str
 	if err := exec(`SET maintenance_work_mem = '1GB'`); err != nil {
 		return p, err
 	}
-	if err := exec(`ALTER TABLE ` + processed + ` DROP CONSTRAINT processed_events_pkey`); err != nil {
+	if err := exec(`ALTER TABLE ` + parent + ` DETACH PARTITION ` + processed); err != nil {
+		return p, err
+	}
+	if err := exec(`ALTER TABLE ` + processed + ` DROP CONSTRAINT processed_events_s0_pkey`); err != nil {
 		return p, err
 	}
 	if err := exec(`DROP INDEX ` + pgx.Identifier{e.schema, "emails_sent_event_id"}.Sanitize()); err != nil {
@@ -111,11 +117,12 @@ SELECT g.id, h, '` + prefillBus + `' FROM g CROSS JOIN unnest($3::text[]) AS h`
 		progress("prefill: %d/%d events (%d rows) in %.0fs", to, p.Events, to*hs, time.Since(start).Seconds())
 	}
 	progress("prefill: building indexes")
-	pkey := pgx.Identifier{e.schema, "processed_events_pkey"}.Sanitize()
+	pkey := pgx.Identifier{e.schema, "processed_events_s0_pkey"}.Sanitize()
 	emailsIdx := pgx.Identifier{e.schema, "emails_sent_event_id"}.Sanitize()
 	ff := fmt.Sprintf(" WITH (fillfactor = %d)", fillfactor)
 	for _, sql := range []string{
-		`ALTER TABLE ` + processed + ` ADD CONSTRAINT processed_events_pkey PRIMARY KEY (event_id, handler)` + ff,
+		`ALTER TABLE ` + processed + ` ADD CONSTRAINT processed_events_s0_pkey PRIMARY KEY (event_id, handler, slice)` + ff,
+		`ALTER TABLE ` + parent + ` ATTACH PARTITION ` + processed + ` FOR VALUES IN (0)`,
 		`CREATE INDEX emails_sent_event_id ON ` + emails + ` (event_id)` + ff,
 		`ALTER INDEX ` + pkey + ` RESET (fillfactor)`,
 		`ALTER INDEX ` + emailsIdx + ` RESET (fillfactor)`,

@@ -187,7 +187,7 @@ func runRetention(ctx context.Context, o retentionOptions) (*RetentionReport, er
 		return nil, err
 	}
 	rr := &retentionRun{o: o, pool: pool, schema: schema, w: w}
-	rep := &RetentionReport{Command: "go run ./benchmarks retention " + strings.Join(os.Args[2:], " "), Machine: machine(),
+	rep := &RetentionReport{Command: "go run ./benchmarks retention " + strings.Join(redactDSN(os.Args[2:]), " "), Machine: machine(),
 		StartedAt: time.Now().UTC(), Horizon: o.horizon.String(), Slices: o.slices, Width: ret.Width().String()}
 	progress("retention: horizon %v in %d slice(s) of %v, %d writers, %v", o.horizon, o.slices, ret.Width(), o.partitions, o.duration)
 

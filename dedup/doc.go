@@ -11,6 +11,14 @@
 //     the statement did not return was claimed by an earlier (or concurrent,
 //     now committed) transaction, or appears earlier in the same batch.
 //
+// # Retention
+//
+// processed_events is partitioned into slices of claim time, and
+// [Retention] drops whole slices once they are past the dedup horizon
+// (dedup.retention): the state stays bounded, and a duplicate within the
+// horizon is always caught. Its doc states the design, the guarantee at
+// the boundary, and the locks.
+//
 // # Conflicting duplicates
 //
 // An event id that comes back with a different payload is not a duplicate

@@ -196,15 +196,20 @@ func (r Retention) Run(ctx context.Context) error {
 	r = r.withDefaults()
 	t := time.NewTicker(r.Interval)
 	defer t.Stop()
-	failing := false
+	// A failing step is logged when it starts failing, when its error
+	// changes, and every 5 minutes while it goes on (a missing privilege
+	// does not cure itself, and the table grows meanwhile).
+	var lastErr string
+	var lastLog time.Time
 	for {
 		if _, err := r.Step(ctx); err != nil && ctx.Err() == nil {
-			if !failing {
-				r.Logger.Warn("dedup retention: step failed; retrying", "schema", r.Schema, "err", err)
+			if err.Error() != lastErr || time.Since(lastLog) >= 5*time.Minute {
+				r.Logger.Error("dedup retention: step failed; retrying: claims past the horizon are kept meanwhile",
+					"schema", r.Schema, "err", err)
+				lastErr, lastLog = err.Error(), time.Now()
 			}
-			failing = true
-		} else {
-			failing = false
+		} else if err == nil {
+			lastErr = ""
 		}
 		select {
 		case <-ctx.Done():

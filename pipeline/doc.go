@@ -13,6 +13,10 @@
 //     starting, saying so in the log; an error waiting cannot cure (a
 //     wrong password, an unknown database, a failing migration) ends Run
 //     at once;
+//   - with Config.Retention set (onceflow run sets dedup.retention, a
+//     week by default; the zero Config keeps claims forever), the dedup
+//     state is kept to that horizon while Run consumes (dedup.Retention),
+//     and a consumed topic that keeps records longer is warned about;
 //   - records that cannot be decoded or applied become dead letters, in
 //     the batch's transaction, copied to Config.DeadLetterTopic when set;
 //   - the end of Run's context drains: in-flight batches finish within

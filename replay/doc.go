@@ -23,13 +23,12 @@
 //
 // Replayed records go through the normal pipeline: every (event, handler)
 // pair already in processed_events is skipped, so a replay applies nothing
-// twice — as long as the rows are there. They are there for ever while no
-// dedup retention is configured (today: onceflow keeps processed_events
-// rows indefinitely, so the horizon is unlimited). Once rows older than a
-// retention are removed, a rewind reaching a record older than that horizon
-// would apply its effects again; Rewind refuses it unless the caller sets
-// Request.RiskReapplyingEffects. [Config.Horizon] is where the retention
-// goes (the key dedup.retention); 0 means unlimited.
+// twice — as long as the rows are there. They are kept for the dedup
+// horizon (dedup.retention, see dedup.Retention; 0 keeps them for ever);
+// a rewind reaching a record older than the horizon may apply its effects
+// again, so Rewind refuses it unless the caller sets
+// Request.RiskReapplyingEffects. [Config.Horizon] is that retention; 0
+// means unlimited.
 //
 // # Backfilling one handler
 //
