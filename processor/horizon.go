@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -63,8 +64,8 @@ func horizonWarnings(topics []string, retention map[string]string, horizon time.
 		switch {
 		case err != nil:
 			continue
-		case ms < 0:
-			ws = append(ws, horizonWarning{t, v, "the topic keeps records forever (retention.ms=-1), longer than the dedup horizon (dedup.retention): " +
+		case ms < 0 || ms > int64(math.MaxInt64/time.Millisecond):
+			ws = append(ws, horizonWarning{t, v, "the topic keeps records forever (retention.ms=" + v + "), longer than the dedup horizon (dedup.retention): " +
 				"a rewind or redelivery older than the horizon applies its events again"})
 		case time.Duration(ms)*time.Millisecond > horizon:
 			ws = append(ws, horizonWarning{t, v, fmt.Sprintf("the topic keeps records for %v, longer than the dedup horizon (dedup.retention): "+
