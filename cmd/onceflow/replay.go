@@ -45,8 +45,9 @@ already in processed_events is skipped, so nothing is applied twice.
                  H applies the history while its siblings skip it
 
 The group must be stopped: replay refuses while it has members. A rewind
-that reaches records older than the dedup horizon (dedup.retention; today
-unlimited, rows are never removed) is refused unless
+that reaches records older than the dedup horizon (dedup.retention, a week
+by default: processed_events rows older than that may be gone, so those
+records' effects would apply again) is refused unless
 --risk-reapplying-effects is given.
 
 --dry-run reads the records between the target and the group's position and
@@ -175,7 +176,7 @@ func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
 	}
 	fmt.Fprintf(w, "group %s: %s (%s)\n", plan.Group, what, verb)
 	if plan.Horizon <= 0 {
-		fmt.Fprintln(w, "dedup horizon: unlimited (no dedup.retention: processed_events rows are kept for ever, so no rewind re-applies effects)")
+		fmt.Fprintln(w, "dedup horizon: unlimited (dedup.retention is 0: processed_events rows are kept for ever, so no rewind re-applies effects)")
 	} else {
 		fmt.Fprintf(w, "dedup horizon: %v (dedup.retention)\n", plan.Horizon)
 		if err := plan.CheckHorizon(req); err != nil {
