@@ -177,14 +177,22 @@ func plotBySize(path string, rep *BacklogReport) error {
 
 // plotRSS draws the member's RSS over time.
 func plotRSS(path string, rep *BacklogReport) error {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("onceflow run: resident memory (peak %.0f MiB)", rep.PeakRSSMiB)
-	p.X.Label.Text = "seconds"
-	p.Y.Label.Text = "VmRSS MiB"
 	var pts plotter.XYs
 	for _, s := range rep.Samples {
 		pts = append(pts, plotter.XY{X: s.T, Y: s.RSSMiB})
 	}
+	return plotLine(path, fmt.Sprintf("onceflow run: resident memory (peak %.0f MiB)", rep.PeakRSSMiB), "VmRSS MiB", pts)
+}
+
+// plotLine draws one series over seconds, from a y of 0, 9×3 inches.
+func plotLine(path, title, ylabel string, pts plotter.XYs) error {
+	if len(pts) == 0 {
+		return fmt.Errorf("%s: no samples to plot", path)
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "seconds"
+	p.Y.Label.Text = ylabel
 	l, err := plotter.NewLine(pts)
 	if err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"image/color"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -21,9 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/sink"
@@ -369,23 +366,9 @@ func writeRetention(dir string, rep *RetentionReport) error {
 
 // plotRetention draws the table's size over time.
 func plotRetention(path string, rep *RetentionReport) error {
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("processed_events size, horizon %s in %d slice(s)", rep.Horizon, rep.Slices)
-	p.X.Label.Text = "seconds"
-	p.Y.Label.Text = "MiB (indexes included)"
 	var pts plotter.XYs
 	for _, s := range rep.Samples {
 		pts = append(pts, plotter.XY{X: s.T, Y: s.SizeMiB})
 	}
-	if len(pts) == 0 {
-		return errors.New("no samples to plot")
-	}
-	l, err := plotter.NewLine(pts)
-	if err != nil {
-		return err
-	}
-	l.Color, l.Width = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 255}, vg.Points(1.5)
-	p.Add(l)
-	p.Y.Min = 0
-	return p.Save(9*vg.Inch, 3*vg.Inch, path)
+	return plotLine(path, fmt.Sprintf("processed_events size, horizon %s in %d slice(s)", rep.Horizon, rep.Slices), "MiB (indexes included)", pts)
 }
