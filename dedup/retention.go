@@ -196,20 +196,23 @@ func (r Retention) Run(ctx context.Context) error {
 	r = r.withDefaults()
 	t := time.NewTicker(r.Interval)
 	defer t.Stop()
-	// A failing step is logged when it starts failing, when its error
-	// changes, and every 5 minutes while it goes on (a missing privilege
-	// does not cure itself, and the table grows meanwhile).
-	var lastErr string
-	var lastLog time.Time
+	// A failing step is logged as a warning when it starts failing (often
+	// Postgres restarting), and as an error once it has failed for a
+	// minute and then every 5 minutes while it goes on (a missing
+	// privilege does not cure itself, and the table grows meanwhile).
+	var since, nextError time.Time
 	for {
-		if _, err := r.Step(ctx); err != nil && ctx.Err() == nil {
-			if err.Error() != lastErr || time.Since(lastLog) >= 5*time.Minute {
-				r.Logger.Error("dedup retention: step failed; retrying: claims past the horizon are kept meanwhile",
-					"schema", r.Schema, "err", err)
-				lastErr, lastLog = err.Error(), time.Now()
-			}
-		} else if err == nil {
-			lastErr = ""
+		_, err := r.Step(ctx)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			since = time.Time{}
+		case since.IsZero():
+			since, nextError = time.Now(), time.Now().Add(time.Minute)
+			r.Logger.Warn("dedup retention: step failed; retrying", "schema", r.Schema, "err", err)
+		case time.Now().After(nextError):
+			nextError = time.Now().Add(5 * time.Minute)
+			r.Logger.Error("dedup retention: failing; claims past the horizon are kept meanwhile", "schema", r.Schema,
+				"failing_for", time.Since(since).Round(time.Second), "err", err)
 		}
 		select {
 		case <-ctx.Done():
