@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/members"
 	"github.com/onceflow/onceflow/orders"
@@ -48,6 +49,12 @@ type Run struct {
 	Problems           []string `json:"problems"`
 	Samples            []Sample `json:"samples"`
 	Marks              []Mark   `json:"marks"`
+	// With -spans: span durations by name, the CPU split, and
+	// Postgres' statistics of the run's tables and WAL.
+	SpanStats []SpanStat `json:"span_stats,omitempty"`
+	CPU       *CPUSplit  `json:"cpu,omitempty"`
+	PGTables  []PGTable  `json:"pg_tables,omitempty"`
+	WAL       *WAL       `json:"wal,omitempty"`
 }
 
 // Sample is the state at one moment of a run.
@@ -68,6 +75,11 @@ type Mark struct {
 type bench struct {
 	o   options
 	log *slog.Logger
+	// With -spans: the recorder of every span the members end, the
+	// TracerProvider that feeds it, and the pools' pgx tracer over it.
+	spans    *spanRecorder
+	tp       trace.TracerProvider
+	pgTracer pgx.QueryTracer
 }
 
 // env is one run's topic, group and schema.
@@ -76,6 +88,7 @@ type env struct {
 	topic   string
 	group   string
 	schema  string
+	app     string // the pool's application_name
 	pool    *pgxpool.Pool
 	close   func()
 }
@@ -96,6 +109,11 @@ func (b *bench) newEnv(ctx context.Context, name string) (*env, error) {
 		return nil, err
 	}
 	pc.MaxConns = int32(b.o.poolSize)
+	e.app = "onceflow-" + e.schema
+	pc.ConnConfig.RuntimeParams["application_name"] = e.app
+	if b.pgTracer != nil {
+		pc.ConnConfig.Tracer = b.pgTracer
+	}
 	e.pool, err = pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
@@ -202,8 +220,9 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 	if tune != nil {
 		tune(&cfg)
 	}
+	cfg.TracerProvider = b.tp
 	g.Group = members.NewGroup(members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000,
-		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Logger: b.log}}))
+		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Logger: b.log, TracerProvider: b.tp}}))
 	return g, nil
 }
 
@@ -247,6 +266,11 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 		return nil, err
 	}
 	defer func() { _ = g.StopAll() }() // before e.close drops the schema
+	prof, err := b.startProfile(ctx, e, kind == "scenario" && name == "steady")
+	if err != nil {
+		return nil, err
+	}
+	defer prof.stop() // on error paths; a no-op once done below
 	resetPeakRSS()
 	start := time.Now()
 	if err := g.startN(ctx, b.o.members); err != nil {
@@ -259,7 +283,17 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 	if err := g.StopAll(); err != nil {
 		return nil, err
 	}
-	return b.finish(ctx, r, g, e, stream)
+	if err := prof.done(ctx, r); err != nil {
+		return nil, err
+	}
+	r, err = b.finish(ctx, r, g, e, stream)
+	if err != nil || b.spans == nil {
+		return r, err
+	}
+	if r.PGTables, err = tableStats(ctx, e.pool, e.schema); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // drive samples the run and changes its membership (storm) or rewinds it

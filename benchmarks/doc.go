@@ -28,6 +28,25 @@
 // Output, in -out: results.json, results.md, and throughput-<scenario>.png
 // (unique events applied per second over time, membership changes marked).
 //
+// # Where a batch's time goes
+//
+// -spans traces the members in this process with an OpenTelemetry SDK
+// TracerProvider that exports nothing: a SpanProcessor keeps each ended
+// span's duration by name (the processor's onceflow.batch, sink's
+// dedup.claim, "handler <name>", sink.offset_cas, sink.commit, and every
+// pgx call through otelpgx, named "query INSERT emails_sent", "batch
+// query SELECT pg_advisory_xact_lock_shared", "pool.acquire"...). Each
+// scenario's results.json run then has span_stats (count, mean, p50, p95,
+// total, and the total per batch), cpu (this process's CPU time, the
+// run's Postgres backends', the server's background processes', the
+// broker's with -broker-pid, and the machine's), pg_tables
+// (pg_stat_user_tables and pg_statio_user_tables of the run's schema) and
+// wal (pg_stat_wal, the whole cluster's); results.md has them as tables.
+// -cpuprofile writes a CPU profile of this process during the steady
+// scenario. benchmarks/PROFILE.md is what they showed.
+//
+//	go run ./benchmarks -events 200000 -scenarios steady -baselines=false -spans -cpuprofile cpu.prof
+//
 // # Backlog and sustained runs
 //
 // `benchmarks backlog` measures the built binary as a user runs it: one

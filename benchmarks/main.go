@@ -38,6 +38,9 @@ type options struct {
 	seed        uint64
 	short       bool
 	replot      string
+	spans       bool
+	cpuprofile  string
+	brokerPID   int
 }
 
 func parseFlags() (options, error) {
@@ -59,6 +62,10 @@ func parseFlags() (options, error) {
 	flag.StringVar(&o.out, "out", "benchmarks/out", "output directory")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the generated events")
 	flag.StringVar(&o.replot, "replot", "", "only redraw results.md and the plots in -out from this results.json")
+	flag.BoolVar(&o.spans, "spans", false, "trace the members in process (no exporter) and report span durations by name, "+
+		"the CPU split between this process and Postgres, and Postgres' table and WAL statistics of each scenario")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during the steady scenario to this file")
+	flag.IntVar(&o.brokerPID, "broker-pid", 0, "with -spans, the broker's pid, to count its CPU too")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
 	if o.short {
@@ -190,6 +197,12 @@ func run(ctx context.Context, o options) error {
 		Broker: broker, Handlers: o.handlers, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
+	if o.spans {
+		b.spans = newSpanRecorder()
+		tp, pt := newSpanTracing(b.spans)
+		defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // nothing to flush: no exporter
+		b.tp, b.pgTracer = tp, pt
+	}
 
 	for _, s := range o.scenarios {
 		r, err := b.scenario(ctx, s)

@@ -65,6 +65,7 @@ func markdown(rep *Report) string {
 			fmt.Fprintf(&b, "| %s | %.2f× | %.2f× | %.1f× | %.1f× |\n", s, m["raw-copy"], m["ceiling"], m["per-record-dedup"], m["naive-per-record"])
 		}
 	}
+	writeProfiles(&b, rep)
 	b.WriteString("\nunique events/s: distinct events whose effects were applied, per second of the run. " +
 		"records consumed/s includes duplicates and re-reads. Batch latency: from a batch closing to its COMMIT. " +
 		"Recovery: time from a membership change until the applied rate over the last 500 ms (wholly after the change) is back to 90% of the rate of the 2 s before it (changes after which the stream ended first are left out). " +
@@ -125,4 +126,43 @@ func plotRun(path string, r *Run, handlers int) error {
 	}
 	p.Y.Min = 0
 	return p.Save(9*vg.Inch, 4*vg.Inch, path)
+}
+
+// writeProfiles writes the -spans measurements of each run that has them.
+func writeProfiles(b *strings.Builder, rep *Report) {
+	for _, r := range rep.Runs {
+		if len(r.SpanStats) == 0 && r.CPU == nil {
+			continue
+		}
+		batches := 0
+		for _, s := range r.SpanStats {
+			if s.Name == batchSpan {
+				batches = s.Count
+			}
+		}
+		fmt.Fprintf(b, "\n### %s: spans (%d batches, %.0f records consumed per batch)\n\n", r.Name, batches,
+			float64(r.RecordsConsumed)/float64(max(batches, 1)))
+		b.WriteString("| span | count | mean ms | p50 ms | p95 ms | total s | ms per batch |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, s := range r.SpanStats {
+			fmt.Fprintf(b, "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", s.Name, s.Count, s.MeanMs, s.P50Ms, s.P95Ms, s.TotalMs/1000, s.PerBatchMs)
+		}
+		b.WriteString("\nSpans nest (onceflow.batch holds the transaction; dedup.claim holds \"batch start\" and \"query INSERT processed_events_s…\"; a handler holds its query), so totals do not add up. " +
+			"\"query SELECT sink_offsets\" includes the harness's own progress polling.\n")
+		if c := r.CPU; c != nil {
+			fmt.Fprintf(b, "\nCPU during the run (%.1f s wall, %d cores = %.1f core-s): this process %.1f s; its Postgres backends %.1f s; "+
+				"Postgres background processes %.1f s; broker %.1f s; the whole machine busy %.1f s (others' work included).\n",
+				c.Seconds, c.MachineCores, c.Seconds*float64(c.MachineCores), c.Bench, c.Backends, c.PostgresBackground, c.Broker, c.MachineBusy)
+		}
+		if w := r.WAL; w != nil {
+			fmt.Fprintf(b, "\nWAL written by the whole cluster during the run: %d records, %d full-page images, %.1f MiB.\n",
+				w.Records, w.FPI, float64(w.Bytes)/(1<<20))
+		}
+		if len(r.PGTables) > 0 {
+			b.WriteString("\n| table | inserted | updated (HOT) | dead | heap blocks read / hit | index blocks read / hit | size MiB |\n|---|---:|---:|---:|---:|---:|---:|\n")
+			for _, t := range r.PGTables {
+				fmt.Fprintf(b, "| %s | %d | %d (%d) | %d | %d / %d | %d / %d | %.1f |\n", t.Name, t.Inserted, t.Updated, t.HotUpdated, t.Dead,
+					t.HeapRead, t.HeapHit, t.IdxRead, t.IdxHit, float64(t.Bytes)/(1<<20))
+			}
+		}
+	}
 }

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/pprof"
+)
+
+// profile is what one run measures besides its rate: with -spans, span
+// durations, the CPU split and the WAL written; with -cpuprofile (the
+// steady scenario only), this process's CPU profile. Its owner calls done
+// once the members are stopped, and stop on every path.
+type profile struct {
+	b       *bench
+	e       *env
+	cpuFile *os.File // the running CPU profile, nil when none
+	cpu     cpuSnap
+	wal     WAL
+	on      bool // -spans
+}
+
+// startProfile starts measuring a run on e; cpu says whether this run
+// is the one -cpuprofile profiles.
+func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, error) {
+	p := &profile{b: b, e: e, on: b.spans != nil}
+	if p.on {
+		b.spans.take() // migrations and anything before the members start
+		pids, pm, err := runBackends(ctx, e.pool, e.app)
+		if err != nil {
+			return nil, err
+		}
+		if p.wal, err = readWAL(ctx, e.pool); err != nil {
+			return nil, err
+		}
+		p.cpu = snapCPU(pids, pm, b.o.brokerPID)
+	}
+	if cpu && b.o.cpuprofile != "" {
+		f, err := os.Create(b.o.cpuprofile)
+		if err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		p.cpuFile = f
+	}
+	return p, nil
+}
+
+// done ends the measurements into r.
+func (p *profile) done(ctx context.Context, r *Run) error {
+	if err := p.stop(); err != nil {
+		return err
+	}
+	if !p.on {
+		return nil
+	}
+	pids, pm, err := runBackends(ctx, p.e.pool, p.e.app)
+	if err != nil {
+		return err
+	}
+	end := snapCPU(pids, pm, p.b.o.brokerPID)
+	for pid := range end.backends { // backends opened during the run count whole
+		if _, ok := p.cpu.backends[pid]; !ok {
+			p.cpu.backends[pid] = 0
+		}
+	}
+	r.CPU = cpuSplit(p.cpu, end)
+	w, err := readWAL(ctx, p.e.pool)
+	if err != nil {
+		return err
+	}
+	r.WAL = &WAL{Records: w.Records - p.wal.Records, FPI: w.FPI - p.wal.FPI, Bytes: w.Bytes - p.wal.Bytes}
+	r.SpanStats = p.b.spans.take()
+	return nil
+}
+
+// stop ends the CPU profile, if one runs.
+func (p *profile) stop() error {
+	if p.cpuFile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := p.cpuFile.Close()
+	p.cpuFile = nil
+	if err != nil {
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	progress("wrote the CPU profile of the steady scenario to %s", p.b.o.cpuprofile)
+	return nil
+}
