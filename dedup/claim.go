@@ -43,6 +43,8 @@ type Querier interface {
 //
 // Claim must run inside the transaction that does the business writes for
 // the claimed keys: the claim is only true if that transaction commits.
+// The transaction must be READ COMMITTED (Claim returns an error
+// otherwise): each of its statements must see what committed before it.
 func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) ([]bool, error) {
 	claimed := make([]bool, len(keys))
 	if len(keys) == 0 {

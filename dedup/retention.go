@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,15 +44,21 @@ func (t tables) slice(n int32) string {
 func (t tables) lockSlices(ctx context.Context, q Querier) (current, oldest int32, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`, t.lockKey)
-	b.Queue(`SELECT max(slice), min(slice) FROM ` + t.slices)
+	b.Queue(`SELECT max(slice), min(slice), current_setting('transaction_isolation') FROM ` + t.slices)
 	br := q.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return 0, 0, fmt.Errorf("lock the dedup slices: %w", err)
 	}
 	var cur, old *int32
-	if err := br.QueryRow().Scan(&cur, &old); err != nil {
+	var isolation string
+	if err := br.QueryRow().Scan(&cur, &old, &isolation); err != nil {
 		return 0, 0, fmt.Errorf("read the current dedup slice: %w", err)
+	}
+	if isolation != "read committed" {
+		// A snapshot taken before the lock was granted would miss a
+		// rotation that committed meanwhile, and claim in the old slice.
+		return 0, 0, fmt.Errorf("claim events: the transaction is %s; Claim needs READ COMMITTED (its reads must see a rotation that committed while it waited)", strings.ToUpper(isolation))
 	}
 	if cur == nil || old == nil {
 		return 0, 0, fmt.Errorf("read the current dedup slice: %s is empty (was it migrated?)", t.slices)

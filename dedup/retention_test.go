@@ -304,3 +304,19 @@ func TestRetentionValidate(t *testing.T) {
 		}
 	}
 }
+
+// Claim refuses a transaction that is not READ COMMITTED: a snapshot taken
+// before a rotation committed would claim in the old slice.
+func TestClaimNeedsReadCommitted(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	_, err = dedup.Claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{key()}, nil)
+	if err == nil || !strings.Contains(err.Error(), "needs READ COMMITTED") {
+		t.Fatalf("claim in a REPEATABLE READ transaction: %v, want an error naming READ COMMITTED", err)
+	}
+}
