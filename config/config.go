@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"reflect"
 	"strings"
 	"time"
 
@@ -253,6 +254,7 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 	}
 	var cfg Config
 	err := v.UnmarshalExact(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+		numberAsDuration,
 		mapstructure.StringToTimeDurationHookFunc(),
 		mapstructure.StringToSliceHookFunc(","),
 	)))
@@ -270,6 +272,24 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		}
 	}
 	return cfg, errors.Join(problems...)
+}
+
+// numberAsDuration refuses a bare number for a duration (YAML's
+// `retention: 604800` would otherwise be 604800 nanoseconds); 0 is
+// allowed, as "none".
+func numberAsDuration(from, to reflect.Type, data any) (any, error) {
+	if to != reflect.TypeOf(time.Duration(0)) || from == to {
+		return data, nil
+	}
+	switch from.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		if reflect.ValueOf(data).IsZero() {
+			return time.Duration(0), nil
+		}
+		return nil, fmt.Errorf("%v is a number without a unit: write a duration like 168h, 30s or 500ms", data)
+	}
+	return data, nil
 }
 
 // explicit reports whether the user set key: in the file, the environment
@@ -460,8 +480,8 @@ func (c Config) Validate() error {
 	if c.Dedup.LRUSize < 0 {
 		bad("dedup.lru_size", "must be >= 0 (0 disables the cache), got %d", c.Dedup.LRUSize)
 	}
-	if c.Dedup.Retention < 0 {
-		bad("dedup.retention", "must be >= 0 (0 keeps the dedup state forever), got %v", c.Dedup.Retention)
+	if c.Dedup.Retention < 0 || (c.Dedup.Retention > 0 && c.Dedup.Retention < time.Second) {
+		bad("dedup.retention", "must be 0 (keep the dedup state forever) or at least 1s, got %v", c.Dedup.Retention)
 	}
 	if c.Dedup.RetentionSlices < 1 || c.Dedup.RetentionSlices > dedup.MaxRetentionSlices {
 		bad("dedup.retention_slices", "must be between 1 and %d, got %d", dedup.MaxRetentionSlices, c.Dedup.RetentionSlices)

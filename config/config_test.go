@@ -97,6 +97,17 @@ func TestLoadListsEveryProblem(t *testing.T) {
 			want: []string{"kafka.fetch_max_bytes: must be 1024..104857600, got 209715200"},
 		},
 		{
+			name: "a duration without a unit",
+			file: "dedup:\n  retention: 604800\n",
+			want: []string{"'dedup.retention' 604800 is a number without a unit"},
+		},
+		{
+			name: "retention too short, slices out of range",
+			file: "dedup:\n  retention: 500ms\n  retention_slices: 25\n",
+			want: []string{"dedup.retention: must be 0 (keep the dedup state forever) or at least 1s, got 500ms",
+				"dedup.retention_slices: must be between 1 and 24, got 25"},
+		},
+		{
 			name: "unknown environment variable",
 			env:  map[string]string{"ONCEFLOW_KAFKA_BROKRES": "x:1"},
 			want: []string{"ONCEFLOW_KAFKA_BROKRES: no such setting"},
