@@ -351,6 +351,11 @@ func (r Retention) rotate(ctx context.Context, t tables, current int32) (bool, e
 				return err
 			}
 		}
+		// Claims insert into the slice directly: whoever may write the
+		// parent may write the slice.
+		if err := copyGrants(ctx, tx, t.processed, t.slice(next)); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, t.lockKey); err != nil {
 			return err
 		}
@@ -367,6 +372,28 @@ func (r Retention) rotate(ctx context.Context, t tables, current int32) (bool, e
 }
 
 var errRotated = errors.New("another maintainer rotated")
+
+// copyGrants grants on to what is granted on from, its owner's privileges
+// aside.
+func copyGrants(ctx context.Context, tx pgx.Tx, from, to string) error {
+	rows, err := tx.Query(ctx, `SELECT a.privilege_type,
+    CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) AS a LEFT JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.oid = $1::regclass AND a.grantee <> c.relowner`, from)
+	if err != nil {
+		return err
+	}
+	grants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Privilege, Grantee string }])
+	if err != nil {
+		return err
+	}
+	for _, g := range grants {
+		if _, err := tx.Exec(ctx, `GRANT `+g.Privilege+` ON `+to+` TO `+g.Grantee); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // drop drops slice n's partition and its row.
 func (r Retention) drop(ctx context.Context, t tables, n int32) (bool, error) {

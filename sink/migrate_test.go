@@ -52,8 +52,30 @@ VALUES ($1, 'emailHandler', 'kafka', now() - interval '3 days')`, kept); err != 
 		t.Fatal(err)
 	}
 
+	// A writer role's privileges (PUBLIC here: tests cannot create roles).
+	if _, err := pool.Exec(ctx, `GRANT SELECT, INSERT, DELETE ON `+processed+` TO PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+
 	if err := sink.Migrate(ctx, pool, schema); err != nil {
 		t.Fatalf("upgrade: %v", err)
+	}
+	granted := func(table, privilege string) bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT has_table_privilege('public', $1, $2)`,
+			pgx.Identifier{schema, table}.Sanitize(), privilege).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	for _, p := range []struct{ table, privilege string }{
+		{"processed_events", "INSERT"}, {"processed_events", "SELECT"}, {"processed_events", "DELETE"},
+		{"processed_events_slices", "SELECT"},
+	} {
+		if !granted(p.table, p.privilege) {
+			t.Errorf("after the upgrade, %s is not granted on %s as it was on the old table", p.privilege, p.table)
+		}
 	}
 	var kind string
 	if err := pool.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -90,6 +112,9 @@ WHERE n.nspname = $1 AND c.relname = 'processed_events'`, schema).Scan(&kind); e
 	}
 	if claim(dedup.Key{EventID: kept, Handler: "emailHandler"}) {
 		t.Fatal("a row from before the upgrade was claimed again after a rotation")
+	}
+	if !granted("processed_events_s1", "INSERT") || !granted("processed_events_s1", "SELECT") {
+		t.Error("the new slice lacks the privileges granted on processed_events: a writer role could not claim into it")
 	}
 	if !claim(dedup.Key{EventID: uuid.New(), Handler: "emailHandler"}) {
 		t.Fatal("a new key was not claimed after the upgrade")

@@ -33,3 +33,23 @@ CREATE TABLE processed_events_slices (
 );
 INSERT INTO processed_events_slices (slice, started_at)
 SELECT 0, coalesce(min(processed_at), now()) FROM processed_events_s0;
+
+-- Whoever could use the old table can use the new one: its privileges
+-- (other than its owner's) are granted on the parent — which every new
+-- slice copies (dedup.Retention) — and reading the slices on
+-- processed_events_slices, which every claim reads.
+DO $$
+DECLARE g record;
+BEGIN
+    FOR g IN
+        SELECT a.privilege_type AS privilege,
+               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS grantee
+        FROM pg_class c
+        CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+        LEFT JOIN pg_roles r ON r.oid = a.grantee
+        WHERE c.oid = 'processed_events_s0'::regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT %s ON processed_events TO %s', g.privilege, g.grantee);
+        EXECUTE format('GRANT SELECT ON processed_events_slices TO %s', g.grantee);
+    END LOOP;
+END $$;
