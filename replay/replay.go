@@ -202,9 +202,15 @@ type PairCounts struct {
 
 // Plan is a rewind resolved against the group's current position.
 type Plan struct {
-	Group      string
-	Backfill   string
-	Horizon    time.Duration
+	Group    string
+	Backfill string
+	Horizon  time.Duration
+	// KeptSince is when the oldest dedup slice still in processed_events
+	// started, once slices have been dropped (zero while none was):
+	// claims made before it may be gone, whatever this process's Horizon
+	// says — the members that dropped them may use another
+	// dedup.retention.
+	KeptSince  time.Time
 	Partitions []Partition // sorted by topic and partition
 }
 
@@ -296,7 +302,10 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	slices.SortFunc(plan.Partitions, func(a, b Partition) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
-	if r.cfg.Horizon > 0 {
+	if plan.KeptSince, err = r.keptSince(ctx); err != nil {
+		return nil, err
+	}
+	if r.cfg.Horizon > 0 || !plan.KeptSince.IsZero() {
 		if err := r.readOldest(ctx, plan); err != nil {
 			return nil, err
 		}
@@ -346,6 +355,22 @@ WHERE consumer_group = $1 AND topic = ANY($2) AND next_offset IS NOT NULL`, r.cf
 	return out, nil
 }
 
+// keptSince is the start of the oldest live dedup slice when slice 0 has
+// been dropped, else zero (see Plan.KeptSince).
+func (r *Replayer) keptSince(ctx context.Context) (time.Time, error) {
+	var slice int32
+	var started time.Time
+	err := r.cfg.Pool.QueryRow(ctx, `SELECT slice, started_at FROM `+r.table("processed_events_slices")+
+		` ORDER BY slice LIMIT 1`).Scan(&slice, &started)
+	switch {
+	case err != nil:
+		return time.Time{}, fmt.Errorf("replay: read processed_events_slices: %w", err)
+	case slice == 0:
+		return time.Time{}, nil
+	}
+	return started, nil
+}
+
 // readOldest sets Oldest, the timestamp of the record at Target, for every
 // partition that moves.
 func (r *Replayer) readOldest(ctx context.Context, plan *Plan) error {
@@ -373,29 +398,52 @@ func (r *Replayer) readOldest(ctx context.Context, plan *Plan) error {
 }
 
 // HorizonError is a rewind refused because it reaches records older than
-// the dedup horizon.
+// the dedup horizon, or older than the claims processed_events still keeps.
 type HorizonError struct {
 	Partition TopicPartition
 	Offset    int64
 	Oldest    time.Time
 	Horizon   time.Duration
+	// KeptSince is set when the refusal comes from the slices already
+	// dropped (Plan.KeptSince), not from Horizon.
+	KeptSince time.Time
 }
 
 func (e *HorizonError) Error() string {
-	return fmt.Sprintf("replay: %s: the rewind to offset %d reaches a record of %s (%s ago), older than the dedup horizon %v (dedup.retention): "+
+	why := fmt.Sprintf("older than the dedup horizon %v (dedup.retention)", e.Horizon)
+	if !e.KeptSince.IsZero() {
+		why = fmt.Sprintf("older than the oldest claims processed_events keeps (since %s: older slices were dropped, by members whose dedup.retention may be shorter than this one's)",
+			e.KeptSince.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("replay: %s: the rewind to offset %d reaches a record of %s (%s ago), %s: "+
 		"its processed_events rows may be gone, so its effects would be applied again; choose a later target, or pass --risk-reapplying-effects",
-		e.Partition, e.Offset, e.Oldest.UTC().Format(time.RFC3339), time.Since(e.Oldest).Round(time.Second), e.Horizon)
+		e.Partition, e.Offset, e.Oldest.UTC().Format(time.RFC3339), time.Since(e.Oldest).Round(time.Second), why)
 }
 
 // checkHorizon returns a *HorizonError for the first partition whose
-// rewind reaches past the horizon, unless forced.
+// rewind reaches past the horizon or past KeptSince, unless forced.
 func (p *Plan) checkHorizon(now time.Time, forced bool) error {
-	if p.Horizon <= 0 || forced {
+	if forced {
+		return nil
+	}
+	var cutoff time.Time
+	if p.Horizon > 0 {
+		cutoff = now.Add(-p.Horizon)
+	}
+	kept := !p.KeptSince.IsZero() && p.KeptSince.After(cutoff)
+	if kept {
+		cutoff = p.KeptSince
+	}
+	if cutoff.IsZero() {
 		return nil
 	}
 	for _, x := range p.Partitions {
-		if x.Target < x.Current && !x.Oldest.IsZero() && x.Oldest.Before(now.Add(-p.Horizon)) {
-			return &HorizonError{Partition: x.TopicPartition, Offset: x.Target, Oldest: x.Oldest, Horizon: p.Horizon}
+		if x.Target < x.Current && !x.Oldest.IsZero() && x.Oldest.Before(cutoff) {
+			e := &HorizonError{Partition: x.TopicPartition, Offset: x.Target, Oldest: x.Oldest, Horizon: p.Horizon}
+			if kept {
+				e.KeptSince = p.KeptSince
+			}
+			return e
 		}
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceflow/onceflow/members"
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/replay"
@@ -392,6 +393,37 @@ func TestRewindPastHorizon(t *testing.T) {
 		}
 		if err := unlimited.CheckHorizon(past); err != nil {
 			t.Errorf("with no horizon: %v", err)
+		}
+		// Members with a shorter dedup.retention dropped the slices
+		// before two hours ago: a replayer configured with no horizon
+		// still refuses to reach past what processed_events keeps.
+		slices := e.schema + ".processed_events_slices"
+		if _, err := e.pool.Exec(t.Context(), `UPDATE `+slices+` SET started_at = now() - interval '5 hours'`); err != nil {
+			t.Fatal(err)
+		}
+		ret := dedup.Retention{Pool: e.pool, Schema: e.schema, Horizon: 2 * time.Hour}
+		if _, err := ret.Step(t.Context()); err != nil { // slice 1 starts
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(t.Context(), `UPDATE `+slices+` SET started_at = now() - interval '121 minutes' WHERE slice = 1`); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := ret.Step(t.Context()); err != nil || len(res.Dropped) != 1 {
+			t.Fatalf("step = %+v, %v; want slice 0 dropped", res, err)
+		}
+		dropped, err := e.replayer(0).Plan(t.Context(), past)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dropped.CheckHorizon(past); !errors.As(err, &he) || he.KeptSince.IsZero() || !strings.Contains(err.Error(), "older slices were dropped") {
+			t.Errorf("past the dropped slices, with no horizon configured: %v; want a HorizonError naming the dropped slices", err)
+		}
+		recent, err := e.replayer(0).Plan(t.Context(), within)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := recent.CheckHorizon(within); err != nil {
+			t.Errorf("a rewind to claims still kept was refused: %v", err)
 		}
 		past.RiskReapplyingEffects = true
 		if err := r.Rewind(t.Context(), plan, past); err != nil {

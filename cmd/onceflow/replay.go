@@ -175,13 +175,18 @@ func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
 		verb = "dry run, nothing changed"
 	}
 	fmt.Fprintf(w, "group %s: %s (%s)\n", plan.Group, what, verb)
-	if plan.Horizon <= 0 {
-		fmt.Fprintln(w, "dedup horizon: unlimited (dedup.retention is 0: processed_events rows are kept for ever, so no rewind re-applies effects)")
-	} else {
+	switch {
+	case plan.Horizon <= 0 && plan.KeptSince.IsZero():
+		fmt.Fprintln(w, "dedup horizon: unlimited (dedup.retention is 0 and no dedup slice was ever dropped: no rewind re-applies effects)")
+	case plan.Horizon <= 0:
+		fmt.Fprintf(w, "dedup horizon: unlimited here (dedup.retention is 0), but claims before %s were dropped\n", plan.KeptSince.UTC().Format(time.RFC3339))
+	case !plan.KeptSince.IsZero():
+		fmt.Fprintf(w, "dedup horizon: %v (dedup.retention); claims kept since %s\n", plan.Horizon, plan.KeptSince.UTC().Format(time.RFC3339))
+	default:
 		fmt.Fprintf(w, "dedup horizon: %v (dedup.retention)\n", plan.Horizon)
-		if err := plan.CheckHorizon(req); err != nil {
-			fmt.Fprintf(w, "REFUSED without --risk-reapplying-effects: %v\n", err)
-		}
+	}
+	if err := plan.CheckHorizon(req); err != nil {
+		fmt.Fprintf(w, "REFUSED without --risk-reapplying-effects: %v\n", err)
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	if !dry {
