@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
-	"github.com/onceflow/onceflow/members"
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/members"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/replay"
