@@ -119,7 +119,12 @@ type Retention struct {
 	// LockTimeout bounds how long a rotation or a drop waits for the
 	// claims in flight (and so how long they wait for it); default 1s.
 	LockTimeout time.Duration
-	Logger      *slog.Logger // nil discards
+	// Hold, if set, is asked before slices are dropped; a non-empty
+	// reason keeps every slice for this step (rotations go on). onceflow
+	// holds drops while a replay has not caught up (sink.ReplayInProgress):
+	// the claims it relies on must outlive its catch-up, however long.
+	Hold   func(ctx context.Context) (reason string, err error)
+	Logger *slog.Logger // nil discards
 }
 
 // Defaults of Retention.
@@ -191,6 +196,8 @@ type StepResult struct {
 	// lock could not be had within LockTimeout: the step is retried by the
 	// next one.
 	Busy bool
+	// Held is Hold's reason when it kept slices due for dropping.
+	Held string
 }
 
 // Run steps every Interval until ctx ends, logging what each step did and
@@ -207,9 +214,34 @@ func (r Retention) Run(ctx context.Context) error {
 	// Postgres restarting), and as an error once it has failed for a
 	// minute and then every 5 minutes while it goes on (a missing
 	// privilege does not cure itself, and the table grows meanwhile).
-	var since, nextError time.Time
+	var since, nextError, nextBusy time.Time
+	var busy int
+	var held string
 	for {
-		_, err := r.Step(ctx)
+		res, err := r.Step(ctx)
+		if err == nil {
+			if res.Held != held {
+				if res.Held != "" {
+					r.Logger.Info("dedup retention: dropping slices is held", "schema", r.Schema, "reason", res.Held)
+				} else {
+					r.Logger.Info("dedup retention: dropping slices resumes", "schema", r.Schema)
+				}
+				held = res.Held
+			}
+			// A lock not had within LockTimeout a few times in a row: a
+			// long transaction on processed_events (a dump, a report)
+			// blocks rotations or drops, and claims wait each time.
+			if res.Busy {
+				busy++
+			} else {
+				busy = 0
+			}
+			if busy >= 3 && time.Now().After(nextBusy) {
+				nextBusy = time.Now().Add(5 * time.Minute)
+				r.Logger.Warn("dedup retention: a rotation or drop keeps waiting for its locks (another maintainer, or a long transaction reading processed_events); claims wait up to lock_timeout at each attempt",
+					"schema", r.Schema, "attempts", busy, "lock_timeout", r.LockTimeout)
+			}
+		}
 		switch {
 		case err == nil || ctx.Err() != nil:
 			since = time.Time{}
@@ -269,6 +301,16 @@ func (r Retention) Step(ctx context.Context) (StepResult, error) {
 	for i := 0; i+1 < len(st.ids); i++ {
 		if st.now.Sub(st.starts[i+1]) < r.Horizon {
 			break
+		}
+		if i == 0 && r.Hold != nil {
+			reason, err := r.Hold(ctx)
+			if err != nil {
+				return res, fmt.Errorf("dedup retention: %w", err)
+			}
+			if reason != "" {
+				res.Held = reason
+				return res, nil
+			}
 		}
 		done, err := r.drop(ctx, t, st.ids[i])
 		if err != nil {

@@ -320,3 +320,31 @@ func TestClaimNeedsReadCommitted(t *testing.T) {
 		t.Fatalf("claim in a REPEATABLE READ transaction: %v, want an error naming READ COMMITTED", err)
 	}
 }
+
+// Hold keeps the slices due for dropping (a replay catching up relies on
+// them) while rotations go on; once it lets go, they are dropped.
+func TestRetentionHold(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	a := key()
+	e.claim(a)
+	e.age(0, 3*time.Hour)
+	reason := "a replay has not caught up"
+	r := e.retention(time.Hour)
+	r.Hold = func(context.Context) (string, error) { return reason, nil }
+	if res, err := r.Step(ctx); err != nil || !res.Rotated {
+		t.Fatalf("step = %+v, %v; want a rotation", res, err)
+	}
+	e.age(1, 2*time.Hour)
+	res, err := r.Step(ctx)
+	if err != nil || len(res.Dropped) != 0 || res.Held != reason {
+		t.Fatalf("held step = %+v, %v; want nothing dropped, held", res, err)
+	}
+	if got := e.claim(a); got[0] {
+		t.Fatal("a key of a held slice was claimed again")
+	}
+	reason = ""
+	if res, err := r.Step(ctx); err != nil || len(res.Dropped) != 1 || res.Held != "" {
+		t.Fatalf("step once released = %+v, %v; want slice 0 dropped", res, err)
+	}
+}

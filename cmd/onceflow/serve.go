@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 type serveOptions struct {
@@ -164,8 +165,9 @@ func (a *app) runRetention(ctx context.Context, pool *pgxpool.Pool) error {
 	if a.cfg.Dedup.Retention <= 0 {
 		return nil
 	}
-	return dedup.Retention{Pool: pool, Schema: a.cfg.Postgres.Schema, Horizon: a.cfg.Dedup.Retention,
-		Slices: a.cfg.Dedup.RetentionSlices, Logger: a.log}.Run(ctx)
+	schema, horizon := a.cfg.Postgres.Schema, a.cfg.Dedup.Retention
+	return dedup.Retention{Pool: pool, Schema: schema, Horizon: horizon, Slices: a.cfg.Dedup.RetentionSlices, Logger: a.log,
+		Hold: func(ctx context.Context) (string, error) { return sink.ReplayInProgress(ctx, pool, schema, horizon) }}.Run(ctx)
 }
 
 func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Metrics) (*processor.Consumer, error) {
