@@ -292,7 +292,7 @@ func (r Retention) Step(ctx context.Context) (StepResult, error) {
 			return res, nil
 		}
 		res.Rotated, res.Current = true, res.Current+1
-		r.Logger.Info("dedup slice started", "schema", r.Schema, "slice", res.Current, "width", r.Width())
+		r.Logger.Log(ctx, r.sliceLogLevel(), "dedup slice started", "schema", r.Schema, "slice", res.Current, "width", r.Width())
 		if st, err = r.read(ctx, t); err != nil {
 			return res, err
 		}
@@ -321,10 +321,19 @@ func (r Retention) Step(ctx context.Context) (StepResult, error) {
 			return res, nil
 		}
 		res.Dropped = append(res.Dropped, st.ids[i])
-		r.Logger.Info("dedup slice dropped: its claims are past the horizon", "schema", r.Schema,
+		r.Logger.Log(ctx, r.sliceLogLevel(), "dedup slice dropped: its claims are past the horizon", "schema", r.Schema,
 			"slice", st.ids[i], "ended", st.starts[i+1].UTC().Format(time.RFC3339), "horizon", r.Horizon)
 	}
 	return res, nil
+}
+
+// sliceLogLevel is Info for slices of a minute or more, Debug for
+// shorter ones (tests, benchmarks), which would flood the log.
+func (r Retention) sliceLogLevel() slog.Level {
+	if r.Width() < time.Minute {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }
 
 // read returns the live slices, oldest first, and the server's clock.

@@ -205,7 +205,9 @@ func (c Config) consumerConfig(m *metrics.Metrics) processor.Config {
 // Drops are held while a replay has not caught up.
 func (c Config) retention(pool *pgxpool.Pool) dedup.Retention {
 	return dedup.Retention{Pool: pool, Schema: c.Schema, Horizon: c.Retention, Slices: c.RetentionSlices, Logger: c.Logger,
-		Hold: func(ctx context.Context) (string, error) { return sink.ReplayInProgress(ctx, pool, c.Schema, c.Retention) }}
+		Hold: func(ctx context.Context) (string, error) {
+			return sink.ReplayInProgress(ctx, pool, c.Schema, c.Retention)
+		}}
 }
 
 // writerConfig is the sink's config: Writer with Config's own fields.
@@ -314,21 +316,21 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	pg := newWaiter(pool, r.log)
 	schema := r.cfg.Schema
-	steps := []struct {
-		what string
-		f    func(context.Context) error
-	}{
-		{"connect", pool.Ping},
-		{"migrate", func(ctx context.Context) error { return sink.Migrate(ctx, pool, schema) }},
+	type step struct {
+		what  string
+		bound time.Duration // of one attempt
+		f     func(context.Context) error
+	}
+	steps := []step{
+		{"connect", waitCall, pool.Ping},
+		{"migrate", waitMigration, func(ctx context.Context) error { return sink.Migrate(ctx, pool, schema) }},
 	}
 	if r.cfg.Migrate != nil {
-		steps = append(steps, struct {
-			what string
-			f    func(context.Context) error
-		}{"migrate handlers' tables", func(ctx context.Context) error { return r.cfg.Migrate(ctx, pool, schema) }})
+		steps = append(steps, step{"migrate handlers' tables", waitMigration,
+			func(ctx context.Context) error { return r.cfg.Migrate(ctx, pool, schema) }})
 	}
 	for _, s := range steps {
-		if err := pg.wait(wctx, s.what, s.f); err != nil {
+		if err := pg.wait(wctx, s.what, s.bound, s.f); err != nil {
 			if wctx.Err() != nil {
 				return nil // ctx ended or Abort: nothing had started
 			}

@@ -20,7 +20,11 @@ import (
 const (
 	waitFirst = 200 * time.Millisecond
 	waitMax   = 5 * time.Second
-	waitCall  = 10 * time.Second // bound of one attempt
+	waitCall  = 10 * time.Second // bound of one attempt to connect
+	// waitMigration bounds one attempt to migrate: an upgrade may rebuild
+	// a large table's index (0005 rebuilds processed_events' primary key),
+	// and a short bound would roll it back and start it again, for ever.
+	waitMigration = time.Hour
 )
 
 // waiter runs the start's steps against one pool, waiting while Postgres
@@ -48,11 +52,14 @@ func newWaiter(pool *pgxpool.Pool, log *slog.Logger) waiter {
 // backoff while Postgres is down or starting, and logging what it waits
 // for. An error that waiting cannot cure — a wrong password, an unknown
 // database or role, a failing migration — is returned at once, as is
-// ctx's end. Each attempt is bounded.
-func (w waiter) wait(ctx context.Context, what string, f func(context.Context) error) error {
+// ctx's end. Each attempt is bounded by bound (0: only by ctx).
+func (w waiter) wait(ctx context.Context, what string, bound time.Duration, f func(context.Context) error) error {
 	backoff := waitFirst
 	for attempt := 1; ; attempt++ {
-		cctx, cancel := context.WithTimeout(ctx, waitCall)
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if bound > 0 {
+			cctx, cancel = context.WithTimeout(ctx, bound)
+		}
 		err := f(cctx)
 		cancel()
 		switch {

@@ -24,7 +24,7 @@ func (c *Consumer) checkHorizon(ctx context.Context, cl *kgo.Client) {
 			retention := map[string]string{}
 			for _, rc := range rcs {
 				if rc.Err != nil {
-					continue // a topic not yet created: checked when it is read again
+					continue // a topic not created yet: not checked (the check runs once, at start)
 				}
 				for _, cfg := range rc.Configs {
 					if cfg.Key == "retention.ms" && cfg.Value != nil {
