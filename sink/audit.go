@@ -29,7 +29,9 @@ type Processed struct {
 	// the dedup horizon: the end of its slice plus the horizon (for the
 	// current slice, whose end is not known, now plus the horizon). A
 	// redelivery of the event before then is always skipped. Absent when
-	// the horizon is unlimited.
+	// the horizon is unlimited. It is computed with the auditing process's
+	// horizon: members maintaining the table with a shorter
+	// dedup.retention drop it sooner.
 	RetainedUntil *time.Time `json:"retained_until,omitempty"`
 }
 
