@@ -6,10 +6,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
-	"reflect"
 	"strings"
 	"time"
 

@@ -32,8 +32,8 @@ func TestReplayInProgress(t *testing.T) {
 	if r := inProgress(); r != "" {
 		t.Fatalf("no replay: %q", r)
 	}
-	exec(`INSERT INTO `+schema+`.sink_offsets (consumer_group, topic, partition, next_offset) VALUES ('g', 'orders', 0, 10)`)
-	exec(`INSERT INTO `+schema+`.sink_replays (consumer_group, topic, partition, from_offset, to_offset) VALUES ('g', 'orders', 0, 50, 0)`)
+	exec(`INSERT INTO ` + schema + `.sink_offsets (consumer_group, topic, partition, next_offset) VALUES ('g', 'orders', 0, 10)`)
+	exec(`INSERT INTO ` + schema + `.sink_replays (consumer_group, topic, partition, from_offset, to_offset) VALUES ('g', 'orders', 0, 50, 0)`)
 	if r := inProgress(); !strings.Contains(r, "group g") || !strings.Contains(r, "orders/0 is at offset 10 of 50") {
 		t.Fatalf("a replay at 10 of 50: %q", r)
 	}
