@@ -224,7 +224,7 @@ func (r Retention) Run(ctx context.Context) error {
 				if res.Held != "" {
 					r.Logger.Info("dedup retention: dropping slices is held", "schema", r.Schema, "reason", res.Held)
 				} else {
-					r.Logger.Info("dedup retention: dropping slices resumes", "schema", r.Schema)
+					r.Logger.Info("dedup retention: dropping slices is no longer held", "schema", r.Schema)
 				}
 				held = res.Held
 			}
@@ -302,17 +302,12 @@ func (r Retention) Step(ctx context.Context) (StepResult, error) {
 		if st.now.Sub(st.starts[i+1]) < r.Horizon {
 			break
 		}
-		if i == 0 && r.Hold != nil {
-			reason, err := r.Hold(ctx)
-			if err != nil {
-				return res, fmt.Errorf("dedup retention: %w", err)
-			}
-			if reason != "" {
-				res.Held = reason
-				return res, nil
-			}
-		}
 		done, err := r.drop(ctx, t, st.ids[i])
+		var held *heldError
+		if errors.As(err, &held) {
+			res.Held = held.reason
+			return res, nil
+		}
 		if err != nil {
 			return res, err
 		}
@@ -449,16 +444,53 @@ WHERE c.oid = $1::regclass AND a.grantee <> c.relowner`, from)
 // drop drops slice n's partition and its row.
 func (r Retention) drop(ctx context.Context, t tables, n int32) (bool, error) {
 	ok, err := r.maintain(ctx, t, func(tx pgx.Tx) error {
+		// Asked under the maintenance lock, which a rewind takes too
+		// (LockRetention): a rewind either committed before, and holds
+		// the drop, or waits and then sees the slice gone.
+		if r.Hold != nil {
+			reason, err := r.Hold(ctx)
+			if err != nil {
+				return err
+			}
+			if reason != "" {
+				return &heldError{reason}
+			}
+		}
 		if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+t.slice(n)); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM `+t.slices+` WHERE slice = $1`, n)
 		return err
 	})
+	var held *heldError
+	if errors.As(err, &held) {
+		return false, err
+	}
 	if err != nil {
 		return false, fmt.Errorf("dedup retention: drop slice %d: %w", n, err)
 	}
 	return ok, nil
+}
+
+// heldError is a drop Hold kept from happening.
+type heldError struct{ reason string }
+
+func (e *heldError) Error() string { return "dropping slices is held: " + e.reason }
+
+// LockRetention takes, until the end of q's transaction, the lock under
+// which Retention starts and drops slices: none is started or dropped
+// until then. A rewind takes it to read the slices still kept and record
+// itself in one step that no drop can slip into.
+func LockRetention(ctx context.Context, q Querier, schema string) error {
+	rows, err := q.Query(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, tablesOf(schema).maintKey)
+	if err != nil {
+		return fmt.Errorf("lock dedup retention: %w", err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("lock dedup retention: %w", err)
+	}
+	return nil
 }
 
 // isLockTimeout reports whether err is Postgres' lock_not_available

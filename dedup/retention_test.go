@@ -348,3 +348,26 @@ func TestRetentionHold(t *testing.T) {
 		t.Fatalf("step once released = %+v, %v; want slice 0 dropped", res, err)
 	}
 }
+
+// While a transaction holds LockRetention (a rewind recording itself), no
+// slice starts or is dropped.
+func TestLockRetention(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	e.age(0, 2*time.Hour)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dedup.LockRetention(ctx, tx, e.schema); err != nil {
+		t.Fatal(err)
+	}
+	r := e.retention(time.Hour)
+	if res, err := r.Step(ctx); err != nil || res.Rotated || !res.Busy {
+		t.Fatalf("step under LockRetention = %+v, %v; want busy, nothing done", res, err)
+	}
+	_ = tx.Rollback(ctx)
+	if res, err := r.Step(ctx); err != nil || !res.Rotated {
+		t.Fatalf("step after = %+v, %v; want a rotation", res, err)
+	}
+}

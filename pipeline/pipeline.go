@@ -206,7 +206,7 @@ func (c Config) consumerConfig(m *metrics.Metrics) processor.Config {
 func (c Config) retention(pool *pgxpool.Pool) dedup.Retention {
 	return dedup.Retention{Pool: pool, Schema: c.Schema, Horizon: c.Retention, Slices: c.RetentionSlices, Logger: c.Logger,
 		Hold: func(ctx context.Context) (string, error) {
-			return sink.ReplayInProgress(ctx, pool, c.Schema, c.Retention)
+			return sink.ReplayInProgress(ctx, pool, c.Schema, max(c.Retention, sink.ReplayHold))
 		}}
 }
 
@@ -330,6 +330,10 @@ func (r *Runner) Run(ctx context.Context) error {
 			func(ctx context.Context) error { return r.cfg.Migrate(ctx, pool, schema) }})
 	}
 	for _, s := range steps {
+		if s.bound == waitMigration {
+			r.log.Info("migrating tables: an upgrade may rebuild a large table, and a migration in another schema of the database is waited for",
+				"step", s.what, "schema", schema)
+		}
 		if err := pg.wait(wctx, s.what, s.bound, s.f); err != nil {
 			if wctx.Err() != nil {
 				return nil // ctx ended or Abort: nothing had started

@@ -302,7 +302,7 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	slices.SortFunc(plan.Partitions, func(a, b Partition) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
-	if plan.KeptSince, err = r.keptSince(ctx); err != nil {
+	if plan.KeptSince, err = r.keptSince(ctx, r.cfg.Pool); err != nil {
 		return nil, err
 	}
 	if r.cfg.Horizon > 0 || !plan.KeptSince.IsZero() {
@@ -357,10 +357,12 @@ WHERE consumer_group = $1 AND topic = ANY($2) AND next_offset IS NOT NULL`, r.cf
 
 // keptSince is the start of the oldest live dedup slice when slice 0 has
 // been dropped, else zero (see Plan.KeptSince).
-func (r *Replayer) keptSince(ctx context.Context) (time.Time, error) {
+func (r *Replayer) keptSince(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (time.Time, error) {
 	var slice int32
 	var started time.Time
-	err := r.cfg.Pool.QueryRow(ctx, `SELECT slice, started_at FROM `+r.table("processed_events_slices")+
+	err := q.QueryRow(ctx, `SELECT slice, started_at FROM `+r.table("processed_events_slices")+
 		` ORDER BY slice LIMIT 1`).Scan(&slice, &started)
 	switch {
 	case err != nil:

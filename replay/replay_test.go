@@ -425,6 +425,25 @@ func TestRewindPastHorizon(t *testing.T) {
 		if err := recent.CheckHorizon(within); err != nil {
 			t.Errorf("a rewind to claims still kept was refused: %v", err)
 		}
+		if err := e.replayer(0).Rewind(t.Context(), dropped, past); !errors.As(err, &he) {
+			t.Fatalf("rewind past the dropped slices, no horizon configured: %v; want a HorizonError", err)
+		}
+		forcedPast := past
+		forcedPast.RiskReapplyingEffects = true
+		if err := e.replayer(0).Rewind(t.Context(), dropped, forcedPast); err != nil {
+			t.Fatalf("forced rewind past the dropped slices: %v", err)
+		}
+		if got := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.sink_replays WHERE forced`); got == 0 {
+			t.Error("a forced rewind past the dropped slices, with no horizon configured, was not recorded as forced")
+		}
+		if _, err := e.pool.Exec(t.Context(), `DELETE FROM `+e.schema+`.sink_replays`); err != nil {
+			t.Fatal(err)
+		}
+		// The next rewind starts from where the forced one left the group.
+		e.runUntil(total)
+		if plan, err = r.Plan(t.Context(), past); err != nil {
+			t.Fatal(err)
+		}
 		past.RiskReapplyingEffects = true
 		if err := r.Rewind(t.Context(), plan, past); err != nil {
 			t.Fatalf("forced rewind: %v", err)

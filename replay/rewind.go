@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/onceflow/onceflow/dedup"
 )
 
 // ErrGroupActive is returned (wrapped in a *GroupActiveError) when a rewind
@@ -96,7 +98,7 @@ func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 	if len(moves) == 0 {
 		return nil
 	}
-	forced := req.RiskReapplyingEffects && plan.Horizon > 0 && plan.checkHorizon(time.Now(), false) != nil
+	forced := req.RiskReapplyingEffects && plan.checkHorizon(time.Now(), false) != nil
 	var handler *string
 	if plan.Backfill != "" {
 		handler = &plan.Backfill
@@ -109,6 +111,21 @@ func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
 	err := pgx.BeginFunc(pctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		// Under the retention lock, no slice is dropped between reading
+		// what is kept and recording the rewind; once recorded, drops
+		// wait until the group has caught up (sink.ReplayInProgress).
+		if err := dedup.LockRetention(pctx, tx, r.cfg.Schema); err != nil {
+			return err
+		}
+		now := *plan
+		kept, err := r.keptSince(pctx, tx)
+		if err != nil {
+			return err
+		}
+		now.KeptSince = kept
+		if err := now.CheckHorizon(req); err != nil {
+			return err
+		}
 		if err := r.checkUnmoved(pctx, tx, moves); err != nil {
 			return err
 		}

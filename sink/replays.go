@@ -10,6 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// ReplayHold is how long, at least, a rewind not caught up holds the
+// dropping of dedup slices (see ReplayInProgress): a week, or the horizon
+// when it is longer. A group that never runs again pins the slices that
+// long, and no longer.
+const ReplayHold = 7 * 24 * time.Hour
+
 // ReplayInProgress describes a rewind recorded in schema's sink_replays
 // (by onceflow replay) in the last within that its group has not caught up
 // with — a partition whose stored next offset is still below where the
