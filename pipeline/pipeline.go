@@ -205,9 +205,7 @@ func (c Config) consumerConfig(m *metrics.Metrics) processor.Config {
 // Drops are held while a replay has not caught up.
 func (c Config) retention(pool *pgxpool.Pool) dedup.Retention {
 	return dedup.Retention{Pool: pool, Schema: c.Schema, Horizon: c.Retention, Slices: c.RetentionSlices, Logger: c.Logger,
-		Hold: func(ctx context.Context) (string, error) {
-			return sink.ReplayInProgress(ctx, pool, c.Schema, max(c.Retention, sink.ReplayHold))
-		}}
+		Hold: sink.HoldForReplays(pool, c.Schema, c.Retention)}
 }
 
 // writerConfig is the sink's config: Writer with Config's own fields.

@@ -411,18 +411,19 @@ func TestRewindPastHorizon(t *testing.T) {
 		if res, err := ret.Step(t.Context()); err != nil || len(res.Dropped) != 1 {
 			t.Fatalf("step = %+v, %v; want slice 0 dropped", res, err)
 		}
-		dropped, err := e.replayer(0).Plan(t.Context(), past)
-		if err != nil {
-			t.Fatal(err)
+		mustPlan := func(r *replay.Replayer, req replay.Request) *replay.Plan {
+			t.Helper()
+			p, err := r.Plan(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
 		}
+		dropped := mustPlan(e.replayer(0), past)
 		if err := dropped.CheckHorizon(past); !errors.As(err, &he) || he.KeptSince.IsZero() || !strings.Contains(err.Error(), "older slices were dropped") {
 			t.Errorf("past the dropped slices, with no horizon configured: %v; want a HorizonError naming the dropped slices", err)
 		}
-		recent, err := e.replayer(0).Plan(t.Context(), within)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := recent.CheckHorizon(within); err != nil {
+		if err := mustPlan(e.replayer(0), within).CheckHorizon(within); err != nil {
 			t.Errorf("a rewind to claims still kept was refused: %v", err)
 		}
 		if err := e.replayer(0).Rewind(t.Context(), dropped, past); !errors.As(err, &he) {
@@ -441,9 +442,7 @@ func TestRewindPastHorizon(t *testing.T) {
 		}
 		// The next rewind starts from where the forced one left the group.
 		e.runUntil(total)
-		if plan, err = r.Plan(t.Context(), past); err != nil {
-			t.Fatal(err)
-		}
+		plan = mustPlan(r, past)
 		past.RiskReapplyingEffects = true
 		if err := r.Rewind(t.Context(), plan, past); err != nil {
 			t.Fatalf("forced rewind: %v", err)

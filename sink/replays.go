@@ -16,6 +16,15 @@ import (
 // long, and no longer.
 const ReplayHold = 7 * 24 * time.Hour
 
+// HoldForReplays is the dedup.Retention Hold of schema's processed_events
+// for a horizon: ReplayInProgress within ReplayHold, or the horizon when
+// it is longer.
+func HoldForReplays(pool *pgxpool.Pool, schema string, horizon time.Duration) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		return ReplayInProgress(ctx, pool, schema, max(horizon, ReplayHold))
+	}
+}
+
 // ReplayInProgress describes a rewind recorded in schema's sink_replays
 // (by onceflow replay) in the last within that its group has not caught up
 // with — a partition whose stored next offset is still below where the

@@ -167,9 +167,7 @@ func (a *app) runRetention(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	schema, horizon := a.cfg.Postgres.Schema, a.cfg.Dedup.Retention
 	return dedup.Retention{Pool: pool, Schema: schema, Horizon: horizon, Slices: a.cfg.Dedup.RetentionSlices, Logger: a.log,
-		Hold: func(ctx context.Context) (string, error) {
-			return sink.ReplayInProgress(ctx, pool, schema, max(horizon, sink.ReplayHold))
-		}}.Run(ctx)
+		Hold: sink.HoldForReplays(pool, schema, horizon)}.Run(ctx)
 }
 
 func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Metrics) (*processor.Consumer, error) {
