@@ -29,6 +29,7 @@ type backlogOptions struct {
 	prefill     int64  // processed_events rows before the run
 	ids         string // v4 | v7
 	fillfactor  int    // of the pre-filled event_id indexes; 0: as grown by such ids
+	older       bool   // the pre-fill is an older dedup slice; the run claims into a new one
 	compression string // the producer's
 	batchBytes  int    // the producer's batch size
 	bin         string // a built onceflow; empty: go build ./cmd/onceflow
@@ -53,6 +54,7 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	fs.IntVar(&o.partitions, "partitions", 12, "partitions of the topic")
 	fs.StringVar(&handlers, "handlers", orders.Email, "comma-separated handlers (the member's handlers key)")
 	fs.Int64Var(&o.prefill, "prefill", 0, "processed_events rows (and one emails_sent row per event) written before the run")
+	fs.BoolVar(&o.older, "prefill-older", false, "make the pre-fill an older dedup slice (as dedup.retention_slices > 1 leaves it): the run claims into a new, empty slice and probes the pre-fill; false: the pre-fill is the slice the run claims into")
 	fs.StringVar(&o.ids, "ids", "v4", "event ids of the pre-fill and the backlog: v4 (random) or v7 (time-ordered)")
 	fs.IntVar(&o.fillfactor, "prefill-fillfactor", 0, "fillfactor the pre-filled event_id indexes are built with; 0: as an index grown by such ids is (70 for v4, 90 for v7)")
 	fs.StringVar(&o.compression, "compression", "snappy", "the producer's batch compression: none, snappy, lz4 or zstd")
@@ -183,7 +185,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 		Handlers: o.handlers, Partitions: o.partitions, StartedAt: time.Now().UTC(), MemberEnv: nonNil(o.memberEnv),
 		Postgres: pgSettings(ctx, e.pool)}
 
-	if rep.Prefill, err = prefill(ctx, e, o.handlers, o.prefill, o.ids, o.fillfactor); err != nil {
+	if rep.Prefill, err = prefill(ctx, e, o); err != nil {
 		return err
 	}
 	events := int(float64(o.records)/(1+o.duplicates) + 0.5)
@@ -473,7 +475,11 @@ func (b *bench) rawCopyOn(ctx context.Context, e *env, o backlogOptions, backlog
 		return rawCopyCheck(ctx, e.pool, e.schema, maxEmailID, len(unique), handlers)
 	}
 	progress("raw-copy: %d unique events by COPY into the same tables", n)
-	r, err := d.run(ctx, "raw-copy", d.rawCopyWrite(rawCopyBus))
+	write, err := d.rawCopyWrite(ctx, rawCopyBus)
+	if err != nil {
+		return nil, err
+	}
+	r, err := d.run(ctx, "raw-copy", write)
 	if err != nil {
 		return nil, err
 	}
@@ -516,7 +522,7 @@ func rawCopyCheck(ctx context.Context, pool *pgxpool.Pool, schema string, maxEma
 func pgSettings(ctx context.Context, pool *pgxpool.Pool) map[string]string {
 	out := map[string]string{}
 	for _, name := range []string{"server_version", "shared_buffers", "effective_cache_size", "work_mem", "maintenance_work_mem",
-		"max_wal_size", "synchronous_commit", "wal_compression"} {
+		"max_wal_size", "checkpoint_timeout", "synchronous_commit", "wal_compression"} {
 		var v string
 		if err := pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err == nil {
 			out[name] = v

@@ -54,8 +54,12 @@ func backlogMarkdown(rep *BacklogReport) string {
 	}
 	fmt.Fprintf(&b, "Member: one `onceflow run`, settings %s\n\n", env)
 	if p := rep.Prefill; p.Rows > 0 {
-		fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s, indexes built at fillfactor %d) in %.0f s. ",
-			p.Rows, p.Events, p.Emails, p.IDs, p.IndexFillfactor, p.Seconds)
+		where := "the slice the run claims into"
+		if p.Older {
+			where = "an older dedup slice: the run claims into a new one and probes it"
+		}
+		fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s, indexes built at fillfactor %d; %s) in %.0f s. ",
+			p.Rows, p.Events, p.Emails, p.IDs, p.IndexFillfactor, where, p.Seconds)
 	} else {
 		fmt.Fprintf(&b, "No pre-fill (empty tables), ids %s. ", p.IDs)
 	}

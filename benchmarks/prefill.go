@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/orders"
 )
 
@@ -26,6 +27,9 @@ type Prefill struct {
 	// with (then reset to the default for the run's own splits).
 	IndexFillfactor int     `json:"index_fillfactor"`
 	Seconds         float64 `json:"seconds"` // inserting, indexing and vacuuming
+	// Older says the pre-fill is an older dedup slice: the run claims
+	// into a new one (slice 1) and probes the pre-fill.
+	Older bool `json:"older_slice"`
 	// MaxEmailID is the largest emails_sent id written by the pre-fill:
 	// the run's rows have larger ones.
 	MaxEmailID int64 `json:"max_email_id"`
@@ -53,7 +57,8 @@ const prefillChunk = 1_000_000
 //
 // ids "v7" makes the ids time-ordered (UUIDv7, one per millisecond
 // ending now), "v4" random.
-func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids string, fillfactor int) (Prefill, error) {
+func prefill(ctx context.Context, e *env, o backlogOptions) (Prefill, error) {
+	handlers, rows, ids, fillfactor := o.handlers, o.prefill, o.ids, o.fillfactor
 	if rows <= 0 {
 		return Prefill{IDs: ids}, nil
 	}
@@ -63,7 +68,7 @@ func prefill(ctx context.Context, e *env, handlers []string, rows int64, ids str
 			fillfactor = 90
 		}
 	}
-	p := Prefill{IDs: ids, IndexFillfactor: fillfactor}
+	p := Prefill{IDs: ids, IndexFillfactor: fillfactor, Older: o.older}
 	hs := int64(len(handlers))
 	p.Events = (rows + hs - 1) / hs
 	p.Rows = p.Events * hs
@@ -143,6 +148,11 @@ SELECT g.id, h, '` + prefillBus + `' FROM g CROSS JOIN unnest($3::text[]) AS h`
 	if _, err := conn.Exec(ctx, `CHECKPOINT`); err != nil {
 		progress("prefill: CHECKPOINT refused (%v): the next checkpoint writes the pre-fill during the run", err)
 	}
+	if o.older {
+		if err := olderSlice(ctx, e); err != nil {
+			return p, err
+		}
+	}
 	if err := conn.QueryRow(ctx, `SELECT coalesce(max(id), 0), count(*) FROM `+emails).Scan(&p.MaxEmailID, &p.Emails); err != nil {
 		return p, fmt.Errorf("prefill: count emails_sent: %w", err)
 	}
@@ -179,4 +189,24 @@ func firstLine(s string) string {
 		}
 	}
 	return s
+}
+
+// olderSlice makes slice 0 (the pre-fill) an older slice by starting slice
+// 1, as dedup.Retention does a day after slice 0 began with 24 slices to
+// a week: claims then write into slice 1 and probe slice 0.
+func olderSlice(ctx context.Context, e *env) error {
+	list := pgx.Identifier{e.schema, "processed_events_slices"}.Sanitize()
+	if _, err := e.pool.Exec(ctx, `UPDATE `+list+` SET started_at = now() - interval '1 day' WHERE slice = 0`); err != nil {
+		return fmt.Errorf("prefill: age slice 0: %w", err)
+	}
+	r := dedup.Retention{Pool: e.pool, Schema: e.schema, Horizon: 7 * 24 * time.Hour, Slices: 24}
+	if _, err := r.Step(ctx); err != nil {
+		return fmt.Errorf("prefill: start slice 1: %w", err)
+	}
+	var current int32
+	if err := e.pool.QueryRow(ctx, `SELECT max(slice) FROM `+list).Scan(&current); err != nil || current != 1 {
+		return fmt.Errorf("prefill: start slice 1: current slice %d (%v)", current, err)
+	}
+	progress("prefill: slice 1 started; the pre-fill is the older slice 0")
+	return nil
 }

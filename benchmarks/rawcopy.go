@@ -24,7 +24,11 @@ func (b *bench) rawCopy(ctx context.Context) (*Run, error) {
 	}
 	defer d.e.close()
 	progress("raw-copy: %d unique events by COPY and set-based upserts, no dedup, no Kafka", len(d.stream.Unique))
-	r, err := d.run(ctx, "raw-copy", d.rawCopyWrite("kafka"))
+	write, err := d.rawCopyWrite(ctx, "kafka")
+	if err != nil {
+		return nil, err
+	}
+	r, err := d.run(ctx, "raw-copy", write)
 	if err != nil {
 		return nil, err
 	}
@@ -32,11 +36,16 @@ func (b *bench) rawCopy(ctx context.Context) (*Run, error) {
 	return r, nil
 }
 
-// rawCopyWrite writes one batch of the raw-copy baseline: processed_events
-// rows (with bus) and emails_sent rows by binary COPY, the other
-// handlers' effects by their set-based upserts, in one transaction.
-func (d *directRun) rawCopyWrite(bus string) func(ctx context.Context, _ int, batch []event) error {
-	processed := pgx.Identifier{d.e.schema, "processed_events"}
+// rawCopyWrite returns the writer of one batch of the raw-copy baseline:
+// processed_events rows (with bus) into the current dedup slice, as claims
+// write them, and emails_sent rows by binary COPY, the other handlers'
+// effects by their set-based upserts, in one transaction.
+func (d *directRun) rawCopyWrite(ctx context.Context, bus string) (func(ctx context.Context, _ int, batch []event) error, error) {
+	var slice int32
+	if err := d.e.pool.QueryRow(ctx, `SELECT max(slice) FROM `+pgx.Identifier{d.e.schema, "processed_events_slices"}.Sanitize()).Scan(&slice); err != nil {
+		return nil, fmt.Errorf("raw-copy: the current dedup slice: %w", err)
+	}
+	processed := pgx.Identifier{d.e.schema, fmt.Sprintf("processed_events_s%d", slice)}
 	emails := pgx.Identifier{d.e.schema, "emails_sent"}
 	return func(ctx context.Context, _ int, batch []event) error {
 		tx, err := d.e.pool.Begin(ctx)
@@ -47,10 +56,10 @@ func (d *directRun) rawCopyWrite(bus string) func(ctx context.Context, _ int, ba
 		rows := make([][]any, 0, len(batch)*len(d.hs))
 		for _, x := range batch {
 			for _, h := range d.hs {
-				rows = append(rows, []any{x.ev.ID, h.Name(), bus})
+				rows = append(rows, []any{x.ev.ID, h.Name(), bus, slice})
 			}
 		}
-		if _, err := tx.CopyFrom(ctx, processed, []string{"event_id", "handler", "bus"}, pgx.CopyFromRows(rows)); err != nil {
+		if _, err := tx.CopyFrom(ctx, processed, []string{"event_id", "handler", "bus", "slice"}, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("copy processed_events: %w", err)
 		}
 		evs := make([]sink.Event, len(batch))
@@ -73,5 +82,5 @@ func (d *directRun) rawCopyWrite(bus string) func(ctx context.Context, _ int, ba
 			}
 		}
 		return tx.Commit(ctx)
-	}
+	}, nil
 }
