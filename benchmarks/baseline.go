@@ -43,7 +43,7 @@ func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 		return nil, err
 	}
 	defer d.e.close()
-	w, err := sink.New(d.e.pool, sink.Config{Schema: d.e.schema, Group: d.e.group, Handlers: d.hs, Logger: b.log})
+	w, err := sink.New(d.e.pool, sink.Config{Schema: d.e.schema, Group: d.e.group, Handlers: d.hs, Parse: orders.ParseEvent, Logger: b.log})
 	if err != nil {
 		return nil, err
 	}

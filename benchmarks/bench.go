@@ -222,7 +222,7 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 	}
 	cfg.TracerProvider = b.tp
 	g.Group = members.NewGroup(members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000,
-		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Logger: b.log, TracerProvider: b.tp}}))
+		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Parse: orders.ParseEvent, Logger: b.log, TracerProvider: b.tp}}))
 	return g, nil
 }
 

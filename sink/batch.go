@@ -25,6 +25,9 @@ type Event struct {
 	// Producer is the span context the producer injected into the record's
 	// headers, if any. The batch span links to it.
 	Producer trace.SpanContext
+	// Parsed is what [Config.Parse] made of the event, set on the events
+	// handlers receive; nil without a Parse.
+	Parsed any
 }
 
 // Header is a record header. Keys may repeat.

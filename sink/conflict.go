@@ -55,27 +55,34 @@ func (w *Writer) checkDuplicates(ctx context.Context, tx pgx.Tx, b *Batch, keys 
 	return stored, conflicting, nil
 }
 
-// refuseConflicts takes back the claims the conflicting events made in tx
-// (a handler that had not seen the id yet) and returns their dead letters,
-// in event order.
-func (w *Writer) refuseConflicts(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, won []bool, conflicting map[int]bool) ([]DeadLetter, error) {
+// refuse takes back the claims that the events refused in tx made (the
+// conflicting ones, and those Parse rejected) and returns their dead
+// letters, in event order.
+func (w *Writer) refuse(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, won []bool, conflicting map[int]bool, rejected map[int]error) ([]DeadLetter, error) {
 	var undo []dedup.Key
 	for i, p := range keys {
-		if won[i] && conflicting[p.event] {
+		if won[i] && (conflicting[p.event] || rejected[p.event] != nil) {
 			undo = append(undo, p.key)
 		}
 	}
 	if err := dedup.Unclaim(ctx, tx, w.processed, undo); err != nil {
 		return nil, err
 	}
-	events := make([]int, 0, len(conflicting))
+	events := make([]int, 0, len(conflicting)+len(rejected))
 	for e := range conflicting {
+		events = append(events, e)
+	}
+	for e := range rejected {
 		events = append(events, e)
 	}
 	slices.Sort(events)
 	dead := make([]DeadLetter, len(events))
 	for j, e := range events {
-		dead[j] = w.conflictLetter(b, e, "postgres")
+		if conflicting[e] {
+			dead[j] = w.conflictLetter(b, e, "postgres")
+		} else {
+			dead[j] = w.deadLetter(b, e, &RejectError{EventID: b.Events[e].ID, Reason: rejected[e].Error()})
+		}
 	}
 	return dead, nil
 }

@@ -27,6 +27,16 @@ type Config struct {
 	Group    string    // consumer group; the sink_offsets key. Required.
 	Bus      string    // the processed_events.bus value; default "kafka"
 	Handlers []Handler // at least one; names must be unique and non-empty
+	// Parse, if set, reads an event once for all handlers: it is called
+	// once per event that some handler claimed in the batch's transaction
+	// (not for events every handler has seen), and handlers receive its
+	// result as Event.Parsed. An error refuses the event as a
+	// [RejectError] would, for every handler at once: it applies nothing,
+	// its claims are taken back, and it becomes a dead letter with the
+	// reason "rejected: " + the error's text — without the rollback and
+	// isolation a handler's rejection costs. Parse must be safe for
+	// concurrent use and give the same answer for the same event.
+	Parse func(Event) (any, error)
 	// Cache is the LRU fast path; nil disables it.
 	Cache *dedup.Cache
 	// TxTimeout bounds one transaction, COMMIT included; default 30s.
@@ -340,7 +350,7 @@ func (w *Writer) fromCache(b *Batch) ([]pending, []skip, []DeadLetter) {
 			}
 		}
 	}
-	var todo []pending
+	todo := make([]pending, 0, len(b.Events)*len(hs))
 	var skipped []skip
 	var conflicts []DeadLetter
 	for i := range b.Events {
@@ -453,26 +463,41 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 	if err != nil {
 		return outcome{}, err
 	}
-	var out outcome
-	perHandler := make(map[string][]Event, len(w.cfg.Handlers))
+	parsed, rejected := w.parse(b, keys, won, conflicting)
+	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys))}
+	// Each handler's events, in one allocation per handler.
+	counts := make(map[string]int, len(w.cfg.Handlers))
+	for i, p := range keys {
+		if won[i] {
+			counts[p.key.Handler]++
+		}
+	}
+	perHandler := make(map[string][]Event, len(counts))
+	for h, n := range counts {
+		perHandler[h] = make([]Event, 0, n)
+	}
 	for i, p := range keys {
 		switch {
-		case conflicting[p.event]:
+		case conflicting[p.event] || rejected[p.event] != nil:
 			// Refused below, with any claim it made here taken back.
 		case won[i]:
 			out.claimed = append(out.claimed, p.key)
 			out.digests = append(out.digests, p.digest)
-			perHandler[p.key.Handler] = append(perHandler[p.key.Handler], b.Events[p.event])
+			e := b.Events[p.event]
+			if parsed != nil {
+				e.Parsed = parsed[p.event]
+			}
+			perHandler[p.key.Handler] = append(perHandler[p.key.Handler], e)
 		default:
 			out.already = append(out.already, skip{p.key, p.event, "postgres", stored[i]})
 		}
 	}
-	if len(conflicting) > 0 {
-		dead, err := w.refuseConflicts(ctx, tx, b, keys, won, conflicting)
+	if len(conflicting) > 0 || len(rejected) > 0 {
+		dead, err := w.refuse(ctx, tx, b, keys, won, conflicting, rejected)
 		if err != nil {
 			return outcome{}, err
 		}
-		out.dead, out.conflicts = append(out.dead, dead...), len(dead)
+		out.dead, out.conflicts = append(out.dead, dead...), len(conflicting)
 	}
 	for _, h := range w.cfg.Handlers {
 		events := perHandler[h.Name()]
@@ -488,6 +513,34 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		}
 	}
 	return out, nil
+}
+
+// parse runs Config.Parse once on every event of b that won a claim in
+// keys and is not conflicting. It returns the results by event index (nil
+// without Parse) and the events Parse refused, with its errors.
+func (w *Writer) parse(b *Batch, keys []pending, won []bool, conflicting map[int]bool) ([]any, map[int]error) {
+	if w.cfg.Parse == nil {
+		return nil, nil
+	}
+	parsed := make([]any, len(b.Events))
+	done := make([]bool, len(b.Events))
+	var rejected map[int]error
+	for i, p := range keys {
+		if !won[i] || done[p.event] || conflicting[p.event] {
+			continue
+		}
+		done[p.event] = true
+		v, err := w.cfg.Parse(b.Events[p.event])
+		if err != nil {
+			if rejected == nil {
+				rejected = map[int]error{}
+			}
+			rejected[p.event] = err
+			continue
+		}
+		parsed[p.event] = v
+	}
+	return parsed, rejected
 }
 
 // runHandler calls h.Apply, turning a panic into an error.

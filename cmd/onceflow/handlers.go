@@ -24,6 +24,7 @@ type handlerRegistry struct {
 	names      []string // in registration order: the default of the handlers key
 	ctors      map[string]func(schema string) sink.Handler
 	migrations []handlerMigration // the registered handlers' tables, in registration order
+	parses     []handlerParse     // the registered handlers' shared parse, if any
 }
 
 func (r *handlerRegistry) add(name string, ctor func(schema string) sink.Handler) {
@@ -38,6 +39,30 @@ func (r *handlerRegistry) add(name string, ctor func(schema string) sink.Handler
 // named: it runs when the configuration names any of them.
 func (r *handlerRegistry) addMigration(m pgmigrate.Func, handlers ...string) {
 	r.migrations = append(r.migrations, handlerMigration{m, handlers})
+}
+
+// addParse registers parse as the writer's sink.Config.Parse when the
+// configuration names any of handlers: they read Event.Parsed.
+func (r *handlerRegistry) addParse(parse func(sink.Event) (any, error), handlers ...string) {
+	r.parses = append(r.parses, handlerParse{parse, handlers})
+}
+
+type handlerParse struct {
+	f        func(sink.Event) (any, error)
+	handlers []string
+}
+
+// parser returns the Parse of the registered handlers among names; nil
+// when they have none. Handlers registered with a parse read Event.Parsed
+// and parse for themselves when it is nil, so one writer can run a single
+// registration's parse only: the first named.
+func (r *handlerRegistry) parser(names []string) func(sink.Event) (any, error) {
+	for _, p := range r.parses {
+		if slices.ContainsFunc(p.handlers, func(h string) bool { return slices.Contains(names, h) }) {
+			return p.f
+		}
+	}
+	return nil
 }
 
 // handlerMigration is the migration of some registered handlers' tables.
@@ -70,6 +95,7 @@ var registry = func() *handlerRegistry {
 		r.add(name, func(schema string) sink.Handler { h, _ := orders.New(name, schema); return h })
 	}
 	r.addMigration(orders.Migrate, orders.Names...)
+	r.addParse(orders.ParseEvent, orders.Names...)
 	return r
 }()
 

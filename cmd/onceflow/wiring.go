@@ -35,9 +35,11 @@ func (a *app) pipelineConfig(pool *pgxpool.Pool, hs []sink.Handler, m *metrics.M
 }
 
 // writerTuning is the sink config from the config, without what the
-// caller sets: schema, group, handlers, cache, logger, tracing.
+// caller sets: schema, group, handlers, cache, logger, tracing. Its Parse
+// is the named Go handlers' shared one.
 func (a *app) writerTuning() sink.Config {
-	return sink.Config{Bus: a.cfg.Bus, TxTimeout: a.cfg.Postgres.TxTimeout, IdleTimeout: a.cfg.Postgres.IdleTimeout}
+	return sink.Config{Bus: a.cfg.Bus, TxTimeout: a.cfg.Postgres.TxTimeout, IdleTimeout: a.cfg.Postgres.IdleTimeout,
+		Parse: registry.parser(a.cfg.Handlers)}
 }
 
 // writerConfig is the sink config for schema from the config, without

@@ -4,7 +4,9 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // The fetch sizes that bound a member's memory reach its consumer, from
@@ -33,4 +35,31 @@ func TestConsumerTuningFetchSizes(t *testing.T) {
 			t.Errorf("fetch sizes = %d, %d, want %d, %d", c.FetchMaxBytes, c.FetchMaxPartitionBytes, 4<<20, 256<<10)
 		}
 	})
+}
+
+// The demo's handlers share one parse of each order (sink.Config.Parse);
+// a configuration of SQL handlers only gets none.
+func TestWriterTuningParse(t *testing.T) {
+	order := sink.Event{Value: []byte(`{"user_id":1,"items":["A"]}`)}
+	for _, tc := range []struct {
+		handlers []string
+		parse    bool
+	}{
+		{registry.names, true},
+		{[]string{orders.Inventory}, true},
+		{[]string{}, false},
+	} {
+		a := &app{cfg: config.Config{Handlers: tc.handlers}}
+		p := a.writerTuning().Parse
+		if (p != nil) != tc.parse {
+			t.Errorf("handlers %v: Parse set %v, want %v", tc.handlers, p != nil, tc.parse)
+			continue
+		}
+		if p == nil {
+			continue
+		}
+		if v, err := p(order); err != nil || v.(orders.Order).UserID != 1 {
+			t.Errorf("handlers %v: Parse(order) = %v, %v; want the order", tc.handlers, v, err)
+		}
+	}
 }
