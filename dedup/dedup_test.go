@@ -2,6 +2,7 @@ package dedup_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -106,5 +107,59 @@ func TestClaim(t *testing.T) {
 	_ = tx.Rollback(context.Background())
 	if got := claim(z); !got[0] {
 		t.Error("a key claimed by a rolled-back transaction could not be claimed again")
+	}
+}
+
+// One entry holds an event for all its handlers: the size counts events,
+// handlers remembered later join the entry, and keys of handlers past
+// MaxCacheHandlers are never cached.
+func TestCacheEntryPerEvent(t *testing.T) {
+	c, err := dedup.New(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := uuid.New(), uuid.New()
+	key := func(id uuid.UUID, h string) dedup.Key { return dedup.Key{EventID: id, Handler: h} }
+	dx := dedup.PayloadDigest([]byte("x"))
+	c.Remember([]dedup.Key{key(x, "a"), key(x, "b"), key(y, "a")}, []dedup.Digest{dx, dx, {}})
+	if n := c.Stats().Len; n != 2 {
+		t.Errorf("Len = %d after two events of two and one handlers, want 2", n)
+	}
+	for _, tc := range []struct {
+		k              dedup.Key
+		seen, conflict bool
+	}{
+		{key(x, "a"), true, false},
+		{key(x, "b"), true, false},
+		{key(x, "c"), false, false},
+		{key(y, "a"), true, false},
+		{key(y, "b"), false, false},
+	} {
+		if seen, conflict := c.Seen(tc.k, dx); seen != tc.seen || conflict != tc.conflict {
+			t.Errorf("Seen(%s) = %v, %v; want %v, %v", tc.k.Handler, seen, conflict, tc.seen, tc.conflict)
+		}
+	}
+	if _, conflict := c.Seen(key(x, "a"), dedup.PayloadDigest([]byte("other"))); !conflict {
+		t.Error("another payload under x's id was not a conflict")
+	}
+	c.Remember([]dedup.Key{key(x, "c")}, nil) // joins x's entry, keeps its digest
+	if seen, conflict := c.Seen(key(x, "c"), dedup.PayloadDigest([]byte("other"))); !seen || !conflict {
+		t.Errorf("x's later handler: seen %v, conflict %v; want true, true", seen, conflict)
+	}
+	if seen, _ := c.Seen(key(x, "a"), dx); !seen {
+		t.Error("x's first handler was forgotten when a later one joined")
+	}
+
+	many, _ := dedup.New(10)
+	z := uuid.New()
+	var keys []dedup.Key
+	for i := range dedup.MaxCacheHandlers + 1 {
+		keys = append(keys, key(z, fmt.Sprintf("h%d", i)))
+	}
+	many.Remember(keys, nil)
+	for i, k := range keys {
+		if seen, _ := many.Seen(k, dedup.Digest{}); seen != (i < dedup.MaxCacheHandlers) {
+			t.Errorf("handler %d of %d: seen %v", i, len(keys), seen)
+		}
 	}
 }

@@ -77,7 +77,7 @@ var (
 	descRebalance = prometheus.NewDesc("onceflow_rebalance_partitions_total", "Partitions assigned, revoked or lost.", []string{"kind"}, nil)
 	descWorkers   = prometheus.NewDesc("onceflow_partition_workers", "Partition workers running.", nil, nil)
 	descLag       = prometheus.NewDesc("onceflow_partition_lag", "Records between a partition's high watermark and its next offset.", []string{"topic", "partition"}, nil)
-	descLRUSize   = prometheus.NewDesc("onceflow_lru_size", "Keys in the dedup LRU.", nil, nil)
+	descLRUSize   = prometheus.NewDesc("onceflow_lru_size", "Events in the dedup LRU (one entry holds all of an event's handlers).", nil, nil)
 	descLRUHits   = prometheus.NewDesc("onceflow_lru_lookups_total", "Dedup LRU lookups, by result.", []string{"result"}, nil)
 	descLRURatio  = prometheus.NewDesc("onceflow_lru_hit_ratio", "Dedup LRU hits / lookups since start.", nil, nil)
 )

@@ -66,10 +66,10 @@ type Config struct {
 	// Its error ends Run; when ctx ends while it runs, Run returns nil.
 	BeforeConsume func(ctx context.Context) error
 
-	// LRUSize is how many (event, handler) keys known committed the dedup
-	// cache holds; default DefaultLRUSize. Negative disables the cache:
-	// every key is then claimed in Postgres (which stays the truth either
-	// way).
+	// LRUSize is how many events the dedup cache holds, each with the
+	// handlers whose claim of it is known committed; default
+	// DefaultLRUSize. Negative disables the cache: every key is then
+	// claimed in Postgres (which stays the truth either way).
 	LRUSize int
 	// Retention is the dedup horizon: processed_events keeps every claim
 	// at least this long, and Run drops the slices past it (see
