@@ -46,9 +46,26 @@ func (d Digest) bytes() []byte {
 // trip; in a transaction it sees the transaction's own claims. Writers
 // call it only on the duplicate path, for the keys Claim did not claim.
 func Digests(ctx context.Context, q Querier, table string, keys []Key) ([]Digest, error) {
+	_, ds, err := Lookup(ctx, q, table, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read payload digests: %w", err)
+	}
+	return ds, nil
+}
+
+// Lookup reports, index by index, whether each key has a processed_events
+// row and the payload digest stored with it (zero when none). It is one
+// round trip that writes nothing; in a transaction it sees the
+// transaction's own claims and what committed before it. A key found is
+// claimed for good (a committed claim is never taken back), so a writer
+// that expects duplicates may look its keys up first and claim only the
+// ones not found; a key not found may still be claimed by a concurrent
+// transaction, which Claim settles.
+func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, []Digest, error) {
+	found := make([]bool, len(keys))
 	out := make([]Digest, len(keys))
 	if len(keys) == 0 {
-		return out, nil
+		return found, out, nil
 	}
 	ids := make([][16]byte, len(keys))
 	handlers := make([]string, len(keys))
@@ -58,23 +75,25 @@ func Digests(ctx context.Context, q Querier, table string, keys []Key) ([]Digest
 	}
 	rows, err := q.Query(ctx, `SELECT k.i, p.payload_digest
 FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS k(event_id, handler, i)
-JOIN `+table+` p ON p.event_id = k.event_id AND p.handler = k.handler
-WHERE p.payload_digest IS NOT NULL`, ids, handlers)
+JOIN `+table+` p ON p.event_id = k.event_id AND p.handler = k.handler`, ids, handlers)
 	if err != nil {
-		return nil, fmt.Errorf("read payload digests: %w", err)
+		return nil, nil, fmt.Errorf("look up claims: %w", err)
 	}
 	var i int64
 	var d []byte
 	_, err = pgx.ForEachRow(rows, []any{&i, &d}, func() error {
-		if i >= 1 && int(i) <= len(out) && len(d) == len(Digest{}) {
-			out[i-1] = Digest(d)
+		if i >= 1 && int(i) <= len(out) {
+			found[i-1] = true
+			if len(d) == len(Digest{}) {
+				out[i-1] = Digest(d)
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read payload digests: %w", err)
+		return nil, nil, fmt.Errorf("look up claims: %w", err)
 	}
-	return out, nil
+	return found, out, nil
 }
 
 // Unclaim deletes the processed_events rows of keys. A writer uses it,

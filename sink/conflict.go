@@ -16,43 +16,20 @@ import (
 // applies nothing, for any handler.
 const ReasonConflict = "event_id reused with a different payload"
 
-// checkDuplicates compares the payload digest of every key Claim did not
-// claim with the digest stored in processed_events, in one round trip, and
-// only when there are such keys: this is the whole cost of conflict
-// detection on the duplicate path (see dedup's BenchmarkDuplicateCheck). It
-// returns the stored digests (index by index of keys; zero for claimed
-// keys and rows without a digest) and the events (indexes into b.Events)
-// that conflict.
-func (w *Writer) checkDuplicates(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, won []bool) ([]dedup.Digest, map[int]bool, error) {
-	stored := make([]dedup.Digest, len(keys))
-	var dups []int
-	for i := range keys {
-		if !won[i] {
-			dups = append(dups, i)
-		}
-	}
-	if len(dups) == 0 {
-		return stored, nil, nil
-	}
-	ks := make([]dedup.Key, len(dups))
-	for j, i := range dups {
-		ks[j] = keys[i].key
-	}
-	ds, err := dedup.Digests(ctx, tx, w.processed, ks)
-	if err != nil {
-		return nil, nil, err
-	}
+// conflicts returns the events (indexes into the batch's events) that
+// conflict: a key of theirs was already claimed (not won) with a stored
+// digest that differs from the one it carries now.
+func conflicts(keys []pending, won []bool, stored []dedup.Digest) map[int]bool {
 	var conflicting map[int]bool
-	for j, i := range dups {
-		stored[i] = ds[j]
-		if ds[j].Conflicts(keys[i].digest) {
+	for i, p := range keys {
+		if !won[i] && stored[i].Conflicts(p.digest) {
 			if conflicting == nil {
 				conflicting = map[int]bool{}
 			}
-			conflicting[keys[i].event] = true
+			conflicting[p.event] = true
 		}
 	}
-	return stored, conflicting, nil
+	return conflicting
 }
 
 // refuse takes back the claims that the events refused in tx made (the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -155,6 +156,9 @@ type Writer struct {
 	offsets   string
 	dead      string
 	filtered  bool // some handler is a TopicFilter
+	// duplicates says, per partition, that its last batch found most of
+	// its keys already claimed (see claim).
+	duplicates sync.Map // partitionKey -> bool
 }
 
 // New returns a Writer over pool. It does not touch the database; run
@@ -448,21 +452,11 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 		traceID = sc.TraceID().String()
 	}
-	ks := make([]dedup.Key, len(keys))
-	ds := make([]dedup.Digest, len(keys))
-	for i, p := range keys {
-		ks[i], ds[i] = p.key, p.digest
-	}
-	cctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(ks))))
-	won, err := dedup.Claim(cctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, ks, ds)
-	endSpan(span, err)
+	won, stored, err := w.claim(ctx, tx, b, keys, traceID)
 	if err != nil {
 		return outcome{}, err
 	}
-	stored, conflicting, err := w.checkDuplicates(ctx, tx, b, keys, won)
-	if err != nil {
-		return outcome{}, err
-	}
+	conflicting := conflicts(keys, won, stored)
 	parsed, rejected := w.parse(b, keys, won, conflicting)
 	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys))}
 	// Each handler's events, in one allocation per handler.

@@ -1,0 +1,122 @@
+package sink_test
+
+import (
+	"testing"
+
+	"github.com/google/uuid"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// After a batch whose keys were mostly claimed already, the next batch of
+// the partition looks its keys up before claiming (a replay's path): the
+// keys found are skipped with their stored digests — a conflicting
+// duplicate among them is still refused — the rest are claimed and
+// applied, and a batch of new keys turns the partition back to claiming
+// at once. Effects are counted: exactly once throughout.
+func TestWriteLooksUpAfterDuplicates(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	ctx := t.Context()
+	rec := tracetest.NewSpanRecorder()
+	hs, err := orders.Handlers(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: hs,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := take(t, w)
+	ids := make([]uuid.UUID, 7)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	a, b, c, d, e, f, g := ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[6]
+	want := map[uuid.UUID]orders.Order{}
+	for i, id := range ids {
+		want[id] = orders.Order{UserID: int64(i + 1), Items: []string{"A"}}
+	}
+	val := func(id uuid.UUID) []byte { o := want[id]; return order(o.UserID, o.Items...) }
+	next := int64(0)
+	write := func(evs []uuid.UUID, values ...[]byte) sink.Result {
+		t.Helper()
+		vs := make([][]byte, len(evs))
+		for i, id := range evs {
+			vs[i] = val(id)
+			if i < len(values) && values[i] != nil {
+				vs[i] = values[i]
+			}
+		}
+		fence := next
+		if next == 0 {
+			fence = -1
+		}
+		res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: fence,
+			NextOffset: next + int64(len(evs)), Events: events(next, evs, vs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next += int64(len(evs))
+		return res
+	}
+	// foundFirst is the onceflow.found_first attribute of the last claim
+	// span: -1 when the claim did not look up first.
+	foundFirst := func() int64 {
+		t.Helper()
+		spans := rec.Ended()
+		for i := len(spans) - 1; i >= 0; i-- {
+			if spans[i].Name() != "dedup.claim" {
+				continue
+			}
+			for _, kv := range spans[i].Attributes() {
+				if kv.Key == "onceflow.found_first" {
+					return kv.Value.AsInt64()
+				}
+			}
+			return -1
+		}
+		t.Fatal("no dedup.claim span")
+		return 0
+	}
+	hn := len(orders.Names)
+
+	if res := write([]uuid.UUID{a, b, c}); res.Applied != 3*hn || foundFirst() != -1 {
+		t.Fatalf("new batch: applied %d, found first %d; want %d, none", res.Applied, foundFirst(), 3*hn)
+	}
+	if res := write([]uuid.UUID{a, b, c}); res.Applied != 0 || res.SkippedPostgres != 3*hn || foundFirst() != -1 {
+		t.Fatalf("redelivery: applied %d, skipped %d, found first %d; want 0, %d, none (nothing told it to expect duplicates)",
+			res.Applied, res.SkippedPostgres, foundFirst(), 3*hn)
+	}
+	// b now carries another payload; d is new.
+	res := write([]uuid.UUID{a, b, c, d}, nil, order(99, "B"))
+	if got := foundFirst(); got != int64(3*hn) {
+		t.Errorf("after a batch of duplicates: %d keys found first, want %d", got, 3*hn)
+	}
+	if res.Applied != hn || res.SkippedPostgres != 2*hn || res.Conflicts != 1 {
+		t.Errorf("looked-up batch: applied %d, skipped %d, conflicts %d; want %d, %d, 1", res.Applied, res.SkippedPostgres, res.Conflicts, hn, 2*hn)
+	}
+	// Still looking up (the last batch was mostly duplicates): new keys
+	// are not found, so they are claimed; then claiming at once again.
+	if res := write([]uuid.UUID{e, f}); res.Applied != 2*hn || foundFirst() != 0 {
+		t.Errorf("new keys after duplicates: applied %d, found first %d; want %d, 0", res.Applied, foundFirst(), 2*hn)
+	}
+	if res := write([]uuid.UUID{g}); res.Applied != hn || foundFirst() != -1 {
+		t.Errorf("after a batch of new keys: applied %d, found first %d; want %d, none", res.Applied, foundFirst(), hn)
+	}
+	rep, err := orders.Check(ctx, pool, schema, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1 AND reason = $2`, b, sink.ReasonConflict); n != 1 {
+		t.Errorf("conflict dead letters of b = %d, want 1", n)
+	}
+}
