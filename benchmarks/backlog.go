@@ -30,6 +30,7 @@ type backlogOptions struct {
 	ids         string // v4 | v7
 	fillfactor  int    // of the pre-filled event_id indexes; 0: as grown by such ids
 	older       bool   // the pre-fill is an older dedup slice; the run claims into a new one
+	warm        bool   // read the pre-fill's indexes into shared_buffers before the run
 	compression string // the producer's
 	batchBytes  int    // the producer's batch size
 	bin         string // a built onceflow; empty: go build ./cmd/onceflow
@@ -55,6 +56,7 @@ func parseBacklogFlags(args []string) (backlogOptions, error) {
 	fs.StringVar(&handlers, "handlers", orders.Email, "comma-separated handlers (the member's handlers key)")
 	fs.Int64Var(&o.prefill, "prefill", 0, "processed_events rows (and one emails_sent row per event) written before the run")
 	fs.BoolVar(&o.older, "prefill-older", false, "make the pre-fill an older dedup slice (as dedup.retention_slices > 1 leaves it): the run claims into a new, empty slice and probes the pre-fill; false: the pre-fill is the slice the run claims into")
+	fs.BoolVar(&o.warm, "prefill-warm", true, "read the pre-fill's indexes (the dedup slice's key, emails_sent's event_id) into shared_buffers before the run, as a pipeline that has run a while has them cached; false: start cold")
 	fs.StringVar(&o.ids, "ids", "v4", "event ids of the pre-fill and the backlog: v4 (random) or v7 (time-ordered)")
 	fs.IntVar(&o.fillfactor, "prefill-fillfactor", 0, "fillfactor the pre-filled event_id indexes are built with; 0: as an index grown by such ids is (70 for v4, 90 for v7)")
 	fs.StringVar(&o.compression, "compression", "snappy", "the producer's batch compression: none, snappy, lz4 or zstd")

@@ -58,6 +58,11 @@ func backlogMarkdown(rep *BacklogReport) string {
 		if p.Older {
 			where = "an older dedup slice: the run claims into a new one and probes it"
 		}
+		if p.Warmed {
+			where += fmt.Sprintf("; its indexes read into shared_buffers before the run, in %.0f s", p.WarmSeconds)
+		} else {
+			where += "; the run starts on a cold cache"
+		}
 		fmt.Fprintf(&b, "Pre-fill: %d processed_events rows (%d events, %d emails_sent rows, ids %s, indexes built at fillfactor %d; %s) in %.0f s. ",
 			p.Rows, p.Events, p.Emails, p.IDs, p.IndexFillfactor, where, p.Seconds)
 	} else {

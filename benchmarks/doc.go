@@ -75,14 +75,23 @@
 //	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 5000000 -raw-copy=false -out benchmarks/out/backlog-rss-limited \
 //	    -member-env GOMEMLIMIT=160MiB -member-env ONCEFLOW_KAFKA_FETCH_MAX_BYTES=4194304
 //
-//	# sustained: the empty-table reference, then 10 M and 50 M dedup rows (make bench-sustained PREFILL=...)
-//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 0        -out benchmarks/out/sustained-0
-//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 10000000 -out benchmarks/out/sustained-10000000 \
+//	# sustained: the empty-table reference, then 10 M and 50 M dedup rows (make bench-sustained PREFILL=...),
+//	# on the cluster sized for them (infra/postgres-bench.sh: shared_buffers 6GB, checkpoints 15 min apart)
+//	DSN=$(infra/postgres-bench.sh start)
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -dsn "$DSN" -records 2000000 -prefill 0        -out benchmarks/out/sustained-0
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -dsn "$DSN" -records 2000000 -prefill 50000000 -out benchmarks/out/sustained-50000000 \
 //	    -reference benchmarks/out/sustained-0/results.json
-//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 50000000 -out benchmarks/out/sustained-50000000 \
+//	# the pre-fill as an older dedup slice (dedup.retention_slices > 1): claims write a new, small slice and probe it
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -dsn "$DSN" -records 2000000 -prefill 50000000 -prefill-older -out benchmarks/out/sustained-50000000-older \
 //	    -reference benchmarks/out/sustained-0/results.json
 //	# how much time-ordered ids help
-//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -records 2000000 -prefill 50000000 -ids v7 -out benchmarks/out/sustained-50000000-v7
+//	go run ./benchmarks backlog -brokers 127.0.0.1:19092 -dsn "$DSN" -records 2000000 -prefill 50000000 -ids v7 -out benchmarks/out/sustained-50000000-v7
+//
+// Before the run the pre-fill's indexes are read into shared_buffers
+// (-prefill-warm, on by default): a pipeline that has run a while has the
+// pages its claims touch cached, and a run on a cold cache measures the
+// warm-up (on 50 M rows, minutes of a rate that climbs from a quarter to
+// half of the warm one).
 //
 // Output, in -out: results.json (every sample), results.md (the run, the
 // rate-by-size table, the raw copy, the Postgres settings the figures
