@@ -103,3 +103,31 @@ func TestWriteParse(t *testing.T) {
 		t.Errorf("effects not exactly once: %v", rep.Problems)
 	}
 }
+
+// A panic in Parse fails the batch (retried later, like a handler's
+// panic) instead of dead-lettering the event or crashing the worker, and
+// nothing of the batch is committed.
+func TestWriteParsePanics(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	hs, err := orders.Handlers(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: hs,
+		Parse: func(sink.Event) (any, error) { panic("parser bug") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.New()
+	_, err = w.Write(t.Context(), &sink.Batch{Topic: "orders", Partition: 0, Epoch: take(t, w), Fence: -1, NextOffset: 1,
+		Events: events(0, []uuid.UUID{id}, [][]byte{order(1, "A")})})
+	if err == nil || !strings.Contains(err.Error(), "parser bug") || sink.IsData(err) {
+		t.Fatalf("Write = %v; want an error naming the panic, not a data error", err)
+	}
+	for _, table := range []string{"processed_events", "dead_letters", "emails_sent"} {
+		if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.`+table); n != 0 {
+			t.Errorf("%s has %d rows after the failed batch, want 0", table, n)
+		}
+	}
+}

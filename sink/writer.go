@@ -35,8 +35,9 @@ type Config struct {
 	// [RejectError] would, for every handler at once: it applies nothing,
 	// its claims are taken back, and it becomes a dead letter with the
 	// reason "rejected: " + the error's text — without the rollback and
-	// isolation a handler's rejection costs. Parse must be safe for
-	// concurrent use and give the same answer for the same event.
+	// isolation a handler's rejection costs. A panic in Parse fails the
+	// batch, which is retried, like a handler's panic. Parse must be safe
+	// for concurrent use and give the same answer for the same event.
 	Parse func(Event) (any, error)
 	// Cache is the LRU fast path; nil disables it.
 	Cache *dedup.Cache
@@ -457,7 +458,10 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		return outcome{}, err
 	}
 	conflicting := conflicts(keys, won, stored)
-	parsed, rejected := w.parse(b, keys, won, conflicting)
+	parsed, rejected, err := w.parse(b, keys, won, conflicting)
+	if err != nil {
+		return outcome{}, err
+	}
 	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys))}
 	// Each handler's events, in one allocation per handler.
 	counts := make(map[string]int, len(w.cfg.Handlers))
@@ -511,14 +515,20 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 
 // parse runs Config.Parse once on every event of b that won a claim in
 // keys and is not conflicting. It returns the results by event index (nil
-// without Parse) and the events Parse refused, with its errors.
-func (w *Writer) parse(b *Batch, keys []pending, won []bool, conflicting map[int]bool) ([]any, map[int]error) {
+// without Parse) and the events Parse refused, with its errors. A panic
+// in Parse is an error of the batch, as a handler's is: retried, not
+// dead-lettered, since it may say more about Parse than about the event.
+func (w *Writer) parse(b *Batch, keys []pending, won []bool, conflicting map[int]bool) (parsed []any, rejected map[int]error, err error) {
 	if w.cfg.Parse == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
-	parsed := make([]any, len(b.Events))
+	defer func() {
+		if p := recover(); p != nil {
+			parsed, rejected, err = nil, nil, fmt.Errorf("parse: panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	parsed = make([]any, len(b.Events))
 	done := make([]bool, len(b.Events))
-	var rejected map[int]error
 	for i, p := range keys {
 		if !won[i] || done[p.event] || conflicting[p.event] {
 			continue
@@ -534,7 +544,7 @@ func (w *Writer) parse(b *Batch, keys []pending, won []bool, conflicting map[int
 		}
 		parsed[p.event] = v
 	}
-	return parsed, rejected
+	return parsed, rejected, nil
 }
 
 // runHandler calls h.Apply, turning a panic into an error.
