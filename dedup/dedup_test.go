@@ -163,3 +163,48 @@ func TestCacheEntryPerEvent(t *testing.T) {
 		}
 	}
 }
+
+// An entry has one digest, but an event's handlers may have stored
+// different ones (handlers of two topics that saw the id with different
+// payloads: no conflict, the key is per handler). Seen must then answer as
+// Postgres would, handler by handler: a miss is always right (Postgres
+// decides), but a hit must not call a handler's own payload a conflict,
+// nor another payload a plain duplicate.
+func TestCacheDigestsDifferByHandler(t *testing.T) {
+	x := uuid.New()
+	a, b := dedup.Key{EventID: x, Handler: "a"}, dedup.Key{EventID: x, Handler: "b"}
+	d1, d2 := dedup.PayloadDigest([]byte("1")), dedup.PayloadDigest([]byte("2"))
+	for _, tc := range []struct {
+		name     string
+		remember func(c *dedup.Cache)
+	}{
+		{"in two batches", func(c *dedup.Cache) {
+			c.Remember([]dedup.Key{a}, []dedup.Digest{d1})
+			c.Remember([]dedup.Key{b}, []dedup.Digest{d2})
+		}},
+		{"in one call", func(c *dedup.Cache) { c.Remember([]dedup.Key{a, b}, []dedup.Digest{d1, d2}) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := dedup.New(10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.remember(c)
+			for _, q := range []struct {
+				name     string
+				k        dedup.Key
+				d        dedup.Digest
+				conflict bool
+			}{
+				{"a with the payload a stored", a, d1, false},
+				{"a with b's payload", a, d2, true},
+				{"b with the payload b stored", b, d2, false},
+				{"b with a's payload", b, d1, true},
+			} {
+				if seen, conflict := c.Seen(q.k, q.d); seen && conflict != q.conflict {
+					t.Errorf("%s: seen, conflict %v; want a miss or conflict %v", q.name, conflict, q.conflict)
+				}
+			}
+		})
+	}
+}
