@@ -1,9 +1,12 @@
 package sink_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/orders"
@@ -123,6 +126,80 @@ func TestConflictingDuplicateIsDeadLettered(t *testing.T) {
 			}
 			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.processed_events WHERE event_id = '`+x.String()+`'`); n != wantRows {
 				t.Errorf("processed_events rows of x = %d, want %d", n, wantRows)
+			}
+		})
+	}
+}
+
+// topicHandler applies the events of one topic only, as an SQL handler
+// with topics does.
+type topicHandler struct{ name, topic string }
+
+func (h topicHandler) Name() string                                      { return h.name }
+func (h topicHandler) Consumes(topic string) bool                        { return topic == h.topic }
+func (h topicHandler) Apply(context.Context, pgx.Tx, []sink.Event) error { return nil }
+
+// The same event id on two topics, with another payload on each, read by
+// handlers of one topic each, is no conflict: the dedup key is (event id,
+// handler), and each handler saw one payload. The LRU must decide as
+// Postgres does, though it holds one entry per event: a plain redelivery on
+// the first topic is a duplicate, and the second topic's payload
+// redelivered on the first topic is a conflict.
+func TestSameIDOnTwoTopics(t *testing.T) {
+	for _, lru := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lru=%v", lru), func(t *testing.T) {
+			pool := sinktest.Pool(t)
+			schema := sinktest.Schema(t, pool)
+			ctx := t.Context()
+			var cache *dedup.Cache
+			if lru {
+				cache, _ = dedup.New(1000)
+			}
+			w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Cache: cache,
+				Handlers: []sink.Handler{topicHandler{"a", "t1"}, topicHandler{"b", "t2"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			epochs := map[string]int64{}
+			next := map[string]int64{}
+			for _, topic := range []string{"t1", "t2"} {
+				leases, err := w.Take(ctx, topic, []int32{0})
+				if err != nil {
+					t.Fatal(err)
+				}
+				epochs[topic], next[topic] = leases[0].Epoch, -1
+			}
+			x := uuid.New()
+			write := func(topic string, value []byte) sink.Result {
+				t.Helper()
+				offset := max(next[topic], 0)
+				res, err := w.Write(ctx, &sink.Batch{Topic: topic, Epoch: epochs[topic], Fence: next[topic], NextOffset: offset + 1,
+					Events: []sink.Event{{ID: x, Value: value, Topic: topic, Offset: offset}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				next[topic] = offset + 1
+				return res
+			}
+			first, second := order(1, "A"), order(2, "B")
+			if res := write("t1", first); res.Applied != 1 {
+				t.Fatalf("t1: applied %d, want 1", res.Applied)
+			}
+			if res := write("t2", second); res.Applied != 1 || res.Conflicts != 0 {
+				t.Fatalf("t2: applied %d, conflicts %d; want 1, 0 (another handler)", res.Applied, res.Conflicts)
+			}
+			res := write("t1", first)
+			if res.Conflicts != 0 || res.SkippedLRU+res.SkippedPostgres != 1 {
+				t.Errorf("t1 redelivered: conflicts %d, skipped %d (lru %d); want 0, 1 (a plain duplicate for handler a)",
+					res.Conflicts, res.SkippedLRU+res.SkippedPostgres, res.SkippedLRU)
+			}
+			res = write("t1", second)
+			if res.Conflicts != 1 {
+				t.Errorf("t2's payload on t1: conflicts %d, skipped %d (lru %d); want 1 conflict (handler a applied another payload)",
+					res.Conflicts, res.SkippedLRU+res.SkippedPostgres, res.SkippedLRU)
+			}
+			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1 AND reason = $2`, x, sink.ReasonConflict); n != 1 {
+				t.Errorf("conflict dead letters = %d, want 1 (the last delivery only)", n)
 			}
 		})
 	}
