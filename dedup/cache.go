@@ -26,6 +26,10 @@ type Key struct {
 // up to MaxCacheHandlers distinct names per Cache; keys of further
 // handlers are never cached), so its size counts events, whatever the
 // number of handlers, and remembering a batch costs one update per event.
+// An entry has one digest: keys remembered with another known digest than
+// their event's entry (handlers of different topics that saw the id with
+// different payloads) replace it, so the handlers it held are asked of
+// Postgres again rather than compared with a digest they did not store.
 //
 // A nil *Cache is valid and disabled: Seen always reports false. Cache is
 // safe for concurrent use.
@@ -112,15 +116,22 @@ func (c *Cache) Remember(keys []Key, digests []Digest) {
 		id := keys[i].EventID
 		var add entry
 		for ; i < len(keys) && keys[i].EventID == id; i++ {
+			var d Digest
+			if i < len(digests) {
+				d = digests[i]
+			}
+			if add.digest.Conflicts(d) {
+				continue // not cached: its handler is asked of Postgres
+			}
 			add.handlers |= c.bit(keys[i].Handler)
-			if i < len(digests) && digests[i] != (Digest{}) {
-				add.digest = digests[i]
+			if d != (Digest{}) {
+				add.digest = d
 			}
 		}
 		if add.handlers == 0 {
 			continue
 		}
-		if e, ok := c.lru.Peek(id); ok {
+		if e, ok := c.lru.Peek(id); ok && !e.digest.Conflicts(add.digest) {
 			add.handlers |= e.handlers
 			if add.digest == (Digest{}) {
 				add.digest = e.digest
