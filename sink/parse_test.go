@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -129,5 +130,102 @@ func TestWriteParsePanics(t *testing.T) {
 		if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.`+table); n != 0 {
 			t.Errorf("%s has %d rows after the failed batch, want 0", table, n)
 		}
+	}
+}
+
+// An event Parse refuses that the batch carries twice (a producer's retry)
+// is refused at both offsets, as a handler's RejectError refuses it: the
+// later copy lost its claims to the first one's, which are taken back, so
+// it is no duplicate of anything committed. Nothing of it is remembered as
+// committed: the event's id carrying a valid order later applies.
+func TestWriteParseRefusesEveryCopy(t *testing.T) {
+	for _, withParse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parse=%v", withParse), func(t *testing.T) {
+			pool := sinktest.Pool(t)
+			schema := sinktest.Schema(t, pool, orders.Migrate)
+			ctx := t.Context()
+			hs, err := orders.Handlers(schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := sink.Config{Schema: schema, Group: "g", Handlers: hs}
+			if withParse {
+				cfg.Parse = orders.ParseEvent
+			}
+			cfg.Cache, _ = dedup.New(1000)
+			w, err := sink.New(pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			epoch := take(t, w)
+			p, y := uuid.New(), uuid.New()
+			bad := []byte(`{"user_id":7,"items":[]}`)
+			res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 3,
+				Events: events(0, []uuid.UUID{p, y, p}, [][]byte{bad, order(2, "B"), bad})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hn := len(orders.Names)
+			if res.Applied != hn || res.SkippedPostgres != 0 || res.DeadLetters != 2 {
+				t.Errorf("applied %d, skipped by postgres %d, dead letters %d; want %d, 0 (no key of p is committed), 2 (one per copy of p)",
+					res.Applied, res.SkippedPostgres, res.DeadLetters, hn)
+			}
+			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1 AND reason LIKE 'rejected: %'`, p); n != 2 {
+				t.Errorf("dead letters of p = %d, want 2", n)
+			}
+			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.processed_events WHERE event_id = $1`, p); n != 0 {
+				t.Errorf("processed_events rows of p = %d, want 0", n)
+			}
+			// The producer fixes p's payload: nothing of p applied, so it does.
+			res, err = w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: 3, NextOffset: 4,
+				Events: events(3, []uuid.UUID{p}, [][]byte{order(1, "A")})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Applied != hn || res.Conflicts != 0 {
+				t.Errorf("p with a valid order: applied %d, conflicts %d, skipped by the lru %d; want %d, 0, 0",
+					res.Applied, res.Conflicts, res.SkippedLRU, hn)
+			}
+		})
+	}
+}
+
+// An event Parse refuses, followed in the same batch by the same id with a
+// valid payload (the producer's correction), is refused as a handler's
+// RejectError refuses it: the refused version applied nothing, so the
+// corrected one is no conflicting duplicate of it, and applies.
+func TestWriteParseRefusedThenCorrected(t *testing.T) {
+	for _, withParse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parse=%v", withParse), func(t *testing.T) {
+			pool := sinktest.Pool(t)
+			schema := sinktest.Schema(t, pool, orders.Migrate)
+			ctx := t.Context()
+			hs, err := orders.Handlers(schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := sink.Config{Schema: schema, Group: "g", Handlers: hs}
+			if withParse {
+				cfg.Parse = orders.ParseEvent
+			}
+			w, err := sink.New(pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := uuid.New()
+			res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: take(t, w), Fence: -1, NextOffset: 2,
+				Events: events(0, []uuid.UUID{p, p}, [][]byte{[]byte(`{"user_id":7,"items":[]}`), order(1, "A")})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hn := len(orders.Names)
+			if res.Applied != hn || res.Conflicts != 0 || res.DeadLetters != 1 {
+				t.Errorf("applied %d, conflicts %d, dead letters %d; want %d (the corrected version), 0, 1 (the refused one)",
+					res.Applied, res.Conflicts, res.DeadLetters, hn)
+			}
+			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.emails_sent WHERE event_id = $1 AND user_id = 1`, p); n != 1 {
+				t.Errorf("emails of the corrected version = %d, want 1", n)
+			}
+		})
 	}
 }
