@@ -544,6 +544,22 @@ func (w *Writer) parse(b *Batch, keys []pending, won []bool, conflicting map[int
 		}
 		parsed[p.event] = v
 	}
+	// A later copy of a refused event in b (same id and payload: another
+	// payload conflicts) lost its keys to the refused copy's claims, which
+	// are taken back: it is refused too, not a duplicate of a claim.
+	if len(rejected) > 0 {
+		refused := map[dedup.Key]error{}
+		for i, p := range keys {
+			if won[i] && rejected[p.event] != nil {
+				refused[p.key] = rejected[p.event]
+			}
+		}
+		for i, p := range keys {
+			if perr, ok := refused[p.key]; ok && !won[i] && !conflicting[p.event] && rejected[p.event] == nil {
+				rejected[p.event] = perr
+			}
+		}
+	}
 	return parsed, rejected, nil
 }
 
