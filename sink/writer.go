@@ -462,6 +462,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 	if err != nil {
 		return outcome{}, err
 	}
+	again, reclaimed := reclaim(keys, won, stored, conflicting, rejected)
 	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys))}
 	// Each handler's events, in one allocation per handler.
 	counts := make(map[string]int, len(w.cfg.Handlers))
@@ -478,6 +479,8 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		switch {
 		case conflicting[p.event] || rejected[p.event] != nil:
 			// Refused below, with any claim it made here taken back.
+		case reclaimed[p.event]:
+			// Claimed again below.
 		case won[i]:
 			out.claimed = append(out.claimed, p.key)
 			out.digests = append(out.digests, p.digest)
@@ -510,7 +513,50 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 			return outcome{}, &handlerError{handler: h.Name(), err: err}
 		}
 	}
+	if len(again) > 0 {
+		o, err := w.apply(ctx, tx, b, again)
+		if err != nil {
+			return outcome{}, err
+		}
+		out.merge(o)
+	}
 	return out, nil
+}
+
+// reclaim finds the events that conflict only with claims that events
+// Parse refused made in this transaction (a refused version then its
+// correction, in one batch): those claims are taken back, so these events
+// are no conflicting duplicates and claim again. It removes them from
+// conflicting and returns their keys, and the events.
+func reclaim(keys []pending, won []bool, stored []dedup.Digest, conflicting map[int]bool, rejected map[int]error) ([]pending, map[int]bool) {
+	if len(conflicting) == 0 || len(rejected) == 0 {
+		return nil, nil
+	}
+	refused := map[dedup.Key]bool{}
+	for i, p := range keys {
+		if won[i] && rejected[p.event] != nil {
+			refused[p.key] = true
+		}
+	}
+	only := map[int]bool{}
+	for e := range conflicting {
+		only[e] = true
+	}
+	for i, p := range keys {
+		if won[i] || (stored[i].Conflicts(p.digest) && !refused[p.key]) {
+			delete(only, p.event) // it claimed, or conflicts with a claim that stands
+		}
+	}
+	var again []pending
+	for _, p := range keys {
+		if only[p.event] {
+			again = append(again, p)
+		}
+	}
+	for e := range only {
+		delete(conflicting, e)
+	}
+	return again, only
 }
 
 // parse runs Config.Parse once on every event of b that won a claim in
