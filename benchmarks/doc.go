@@ -90,8 +90,8 @@
 // Before the run the pre-fill's indexes are read into shared_buffers
 // (-prefill-warm, on by default): a pipeline that has run a while has the
 // pages its claims touch cached, and a run on a cold cache measures the
-// warm-up (on 50 M rows, minutes of a rate that climbs from a quarter to
-// half of the warm one).
+// warm-up (on 50 M rows, its first minute ran at a quarter of the
+// empty-table rate, still climbing).
 //
 // Output, in -out: results.json (every sample), results.md (the run, the
 // rate-by-size table, the raw copy, the Postgres settings the figures
