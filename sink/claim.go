@@ -82,16 +82,32 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, b *Batch, keys []pend
 		if err != nil {
 			return nil, nil, err
 		}
-		var again []dedup.Key // lost at the claim: their digests are still to read
+		var again []dedup.Key // lost to another transaction: their digests are still to read
 		var at []int
+		var winner map[dedup.Key]int // index in keys of the copy of a key that won, if any lost
 		for j, i := range todo {
 			won[i] = got[j]
 			if !got[j] {
+				lost++
+				if winner == nil {
+					winner = make(map[dedup.Key]int, len(todo))
+					for jj, ii := range todo {
+						if got[jj] {
+							winner[keys[ii].key] = ii
+						}
+					}
+				}
+				// A key lost to its own first copy in this batch (the
+				// same record twice) stores that copy's digest: no need
+				// to read it back.
+				if w, ok := winner[keys[i].key]; ok {
+					stored[i] = keys[w].digest
+					continue
+				}
 				again = append(again, keys[i].key)
 				at = append(at, i)
 			}
 		}
-		lost += len(again)
 		if len(again) > 0 {
 			ds, err := dedup.Digests(ctx, tx, w.processed, again)
 			if err != nil {

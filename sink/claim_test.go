@@ -1,9 +1,14 @@
 package sink_test
 
 import (
+	"context"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -118,5 +123,86 @@ func TestWriteLooksUpAfterDuplicates(t *testing.T) {
 	}
 	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1 AND reason = $2`, b, sink.ReasonConflict); n != 1 {
 		t.Errorf("conflict dead letters of b = %d, want 1", n)
+	}
+}
+
+// statements records the SQL of every statement a pool runs.
+type statements struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	s.sqls = append(s.sqls, d.SQL)
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// count returns how many recorded statements contain sub, and forgets them.
+func (s *statements) count(sub string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.sqls {
+		if strings.Contains(q, sub) {
+			n++
+		}
+	}
+	s.sqls = nil
+	return n
+}
+
+// A record twice in one batch loses its second claim to its first: the
+// digest it is compared with is the first copy's, known without reading
+// it back, so the batch makes no digest read. A key lost to another
+// transaction's claim still has its digest read, and a second copy with
+// another payload is still a conflict.
+func TestWriteRepeatInBatchReadsNoDigest(t *testing.T) {
+	ctx := t.Context()
+	cfg, err := pgxpool.ParseConfig(sinktest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &statements{}
+	cfg.ConnConfig.Tracer = rec
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	w := newWriter(t, pool, schema, nil)
+	epoch := take(t, w)
+	const digestRead = "SELECT k.i, p.payload_digest"
+	a, b, c := uuid.New(), uuid.New(), uuid.New()
+	rec.count("")
+	res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 3,
+		Events: events(0, []uuid.UUID{a, b, a}, [][]byte{order(1, "A"), order(2, "B"), order(1, "A")})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hn := len(orders.Names)
+	if n := rec.count(digestRead); n != 0 || res.Applied != 2*hn || res.SkippedPostgres != hn {
+		t.Errorf("a record twice: %d digest reads, applied %d, skipped %d; want 0, %d, %d", n, res.Applied, res.SkippedPostgres, 2*hn, hn)
+	}
+	res, err = w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: 3, NextOffset: 6,
+		Events: events(3, []uuid.UUID{b, c, c}, [][]byte{order(2, "B"), order(3, "C"), order(4, "D")})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.count(digestRead); n != 1 || res.Applied != hn || res.Conflicts != 1 {
+		t.Errorf("b again, c twice with two payloads: %d digest reads, applied %d, conflicts %d; want 1 (for b), %d, 1",
+			n, res.Applied, res.Conflicts, hn)
+	}
+	rep, err := orders.Check(ctx, pool, schema, map[uuid.UUID]orders.Order{
+		a: {UserID: 1, Items: []string{"A"}}, b: {UserID: 2, Items: []string{"B"}}, c: {UserID: 3, Items: []string{"C"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects not exactly once: %v", rep.Problems)
 	}
 }
