@@ -245,8 +245,19 @@ func TestReplayTimeRangeAppliesNothingTwice(t *testing.T) {
 			t.Fatalf("sink_offsets after the rewind sum to %d, want %d", got, total-int64(len(recent)))
 		}
 		st := e.runUntil(total)
-		if st.Applied != 0 || st.SkippedPostgres != int64(len(recent)*len(orders.Names)) {
-			t.Errorf("the replay applied %d pairs and skipped %d in Postgres, want 0 and %d", st.Applied, st.SkippedPostgres, len(recent)*len(orders.Names))
+		// Every pair is skipped; each event's first record is skipped by
+		// Postgres (the member's LRU starts empty), and a redelivery of it
+		// among the recent records either by Postgres too (in the same
+		// batch) or by the LRU (in a later batch, once the first one is
+		// known committed): how the records fall into batches decides.
+		distinct := map[uuid.UUID]bool{}
+		for _, m := range recent {
+			distinct[m.ID] = true
+		}
+		hn := int64(len(orders.Names))
+		if st.Applied != 0 || st.SkippedPostgres+st.SkippedLRU != int64(len(recent))*hn || st.SkippedPostgres < int64(len(distinct))*hn {
+			t.Errorf("the replay applied %d pairs and skipped %d in Postgres and %d by the LRU; want 0, and %d in all, at least %d (every event once) in Postgres",
+				st.Applied, st.SkippedPostgres, st.SkippedLRU, int64(len(recent))*hn, int64(len(distinct))*hn)
 		}
 		e.check(s.Unique)
 	})
