@@ -33,28 +33,24 @@ type partitionKey struct {
 // and a read. Either way Postgres decides: a key found is claimed for good,
 // and a key not found goes through Claim, which settles concurrent claims.
 func (w *Writer) claim(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
-	won := make([]bool, len(keys))
-	stored := make([]dedup.Digest, len(keys))
 	if len(keys) == 0 {
-		return won, stored, nil
+		return nil, nil, nil
 	}
 	ctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
-	won, stored, err := w.claimKeys(ctx, tx, b, keys, traceID, won, stored)
+	won, stored, err := w.claimKeys(ctx, tx, b, keys, traceID)
 	endSpan(span, err)
 	return won, stored, err
 }
 
-func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, traceID string, won []bool, stored []dedup.Digest) ([]bool, []dedup.Digest, error) {
+func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
+	won := make([]bool, len(keys))
+	stored := make([]dedup.Digest, len(keys))
 	pk := partitionKey{b.Topic, b.Partition}
+	v, _ := w.duplicates.Load(pk)
+	lookFirst, _ := v.(bool)
 	todo := make([]int, 0, len(keys)) // indexes into keys still to claim
-	lookedUp := false
-	if v, ok := w.duplicates.Load(pk); ok && v.(bool) {
-		lookedUp = true
-		ks := make([]dedup.Key, len(keys))
-		for i, p := range keys {
-			ks[i] = p.key
-		}
-		found, ds, err := dedup.Lookup(ctx, tx, w.processed, ks)
+	if lookFirst {
+		found, ds, err := dedup.Lookup(ctx, tx, w.processed, keysAt(keys, nil))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -71,57 +67,87 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, b *Batch, keys []pend
 			todo = append(todo, i)
 		}
 	}
-	lost := len(keys) - len(todo)
 	if len(todo) > 0 {
-		ks := make([]dedup.Key, len(todo))
 		ds := make([]dedup.Digest, len(todo))
 		for j, i := range todo {
-			ks[j], ds[j] = keys[i].key, keys[i].digest
+			ds[j] = keys[i].digest
 		}
-		got, err := dedup.Claim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, ks, ds)
+		got, err := dedup.Claim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, todo), ds)
 		if err != nil {
 			return nil, nil, err
 		}
-		var again []dedup.Key // lost to another transaction: their digests are still to read
-		var at []int
-		var winner map[dedup.Key]int // index in keys of the copy of a key that won, if any lost
 		for j, i := range todo {
 			won[i] = got[j]
-			if !got[j] {
-				lost++
-				if winner == nil {
-					winner = make(map[dedup.Key]int, len(todo))
-					for jj, ii := range todo {
-						if got[jj] {
-							winner[keys[ii].key] = ii
-						}
-					}
-				}
-				// A key lost to its own first copy in this batch (the
-				// same record twice) stores that copy's digest: no need
-				// to read it back.
-				if w, ok := winner[keys[i].key]; ok {
-					stored[i] = keys[w].digest
-					continue
-				}
-				again = append(again, keys[i].key)
-				at = append(at, i)
-			}
 		}
-		if len(again) > 0 {
-			ds, err := dedup.Digests(ctx, tx, w.processed, again)
-			if err != nil {
-				return nil, nil, err
-			}
-			for j, i := range at {
-				stored[i] = ds[j]
-			}
+		if err := w.lostDigests(ctx, tx, keys, todo, won, stored); err != nil {
+			return nil, nil, err
 		}
 	}
 	// The next batch of the partition looks up first when most of this
 	// one's keys were claimed already.
-	if dup := 2*lost > len(keys); dup != lookedUp {
+	lost := 0
+	for _, ok := range won {
+		if !ok {
+			lost++
+		}
+	}
+	if dup := 2*lost > len(keys); dup != lookFirst {
 		w.duplicates.Store(pk, dup)
 	}
 	return won, stored, nil
+}
+
+// lostDigests sets stored[i] for each claimed key todo lost. A key lost to
+// its own first copy in this batch (the same record twice) stores that
+// copy's digest, known here; the others' are read in one round trip, only
+// when there are such keys.
+func (w *Writer) lostDigests(ctx context.Context, tx pgx.Tx, keys []pending, todo []int, won []bool, stored []dedup.Digest) error {
+	var winner map[dedup.Key]int // index in keys of the copy of a key that won
+	var read []int
+	for _, i := range todo {
+		if won[i] {
+			continue
+		}
+		if winner == nil {
+			winner = make(map[dedup.Key]int, len(todo))
+			for _, k := range todo {
+				if won[k] {
+					winner[keys[k].key] = k
+				}
+			}
+		}
+		if first, ok := winner[keys[i].key]; ok {
+			stored[i] = keys[first].digest
+		} else {
+			read = append(read, i)
+		}
+	}
+	if len(read) == 0 {
+		return nil
+	}
+	ds, err := dedup.Digests(ctx, tx, w.processed, keysAt(keys, read))
+	if err != nil {
+		return err
+	}
+	for j, i := range read {
+		stored[i] = ds[j]
+	}
+	return nil
+}
+
+// keysAt returns the keys of keys at the indexes at; all of them when at is
+// nil.
+func keysAt(keys []pending, at []int) []dedup.Key {
+	if at == nil {
+		ks := make([]dedup.Key, len(keys))
+		for i, p := range keys {
+			ks[i] = p.key
+		}
+		return ks
+	}
+	ks := make([]dedup.Key, len(at))
+	for j, i := range at {
+		ks[j] = keys[i].key
+	}
+	return ks
 }

@@ -28,15 +28,7 @@ func TestWriteLooksUpAfterDuplicates(t *testing.T) {
 	schema := sinktest.Schema(t, pool, orders.Migrate)
 	ctx := t.Context()
 	rec := tracetest.NewSpanRecorder()
-	hs, err := orders.Handlers(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: hs,
-		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := writerWith(t, pool, schema, sink.Config{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
 	epoch := take(t, w)
 	ids := make([]uuid.UUID, 7)
 	for i := range ids {

@@ -39,15 +39,7 @@ func TestWriteParse(t *testing.T) {
 		return nil
 	})
 	writer := func(cache *dedup.Cache) *sink.Writer {
-		hs, err := orders.Handlers(schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: append(hs, probe), Cache: cache, Parse: parse})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return w
+		return writerWith(t, pool, schema, sink.Config{Handlers: []sink.Handler{probe}, Cache: cache, Parse: parse})
 	}
 	cache, _ := dedup.New(1000)
 	w := writer(cache)
@@ -111,17 +103,9 @@ func TestWriteParse(t *testing.T) {
 func TestWriteParsePanics(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool, orders.Migrate)
-	hs, err := orders.Handlers(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: hs,
-		Parse: func(sink.Event) (any, error) { panic("parser bug") }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := writerWith(t, pool, schema, sink.Config{Parse: func(sink.Event) (any, error) { panic("parser bug") }})
 	id := uuid.New()
-	_, err = w.Write(t.Context(), &sink.Batch{Topic: "orders", Partition: 0, Epoch: take(t, w), Fence: -1, NextOffset: 1,
+	_, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Partition: 0, Epoch: take(t, w), Fence: -1, NextOffset: 1,
 		Events: events(0, []uuid.UUID{id}, [][]byte{order(1, "A")})})
 	if err == nil || !strings.Contains(err.Error(), "parser bug") || sink.IsData(err) {
 		t.Fatalf("Write = %v; want an error naming the panic, not a data error", err)
@@ -144,19 +128,8 @@ func TestWriteParseRefusesEveryCopy(t *testing.T) {
 			pool := sinktest.Pool(t)
 			schema := sinktest.Schema(t, pool, orders.Migrate)
 			ctx := t.Context()
-			hs, err := orders.Handlers(schema)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := sink.Config{Schema: schema, Group: "g", Handlers: hs}
-			if withParse {
-				cfg.Parse = orders.ParseEvent
-			}
-			cfg.Cache, _ = dedup.New(1000)
-			w, err := sink.New(pool, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cache, _ := dedup.New(1000)
+			w := writerWith(t, pool, schema, sink.Config{Parse: parseIf(withParse), Cache: cache})
 			epoch := take(t, w)
 			p, y := uuid.New(), uuid.New()
 			bad := []byte(`{"user_id":7,"items":[]}`)
@@ -200,18 +173,7 @@ func TestWriteParseRefusedThenCorrected(t *testing.T) {
 			pool := sinktest.Pool(t)
 			schema := sinktest.Schema(t, pool, orders.Migrate)
 			ctx := t.Context()
-			hs, err := orders.Handlers(schema)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := sink.Config{Schema: schema, Group: "g", Handlers: hs}
-			if withParse {
-				cfg.Parse = orders.ParseEvent
-			}
-			w, err := sink.New(pool, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			w := writerWith(t, pool, schema, sink.Config{Parse: parseIf(withParse)})
 			p := uuid.New()
 			res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: take(t, w), Fence: -1, NextOffset: 2,
 				Events: events(0, []uuid.UUID{p, p}, [][]byte{[]byte(`{"user_id":7,"items":[]}`), order(1, "A")})})
@@ -228,4 +190,13 @@ func TestWriteParseRefusedThenCorrected(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseIf is orders.ParseEvent when on, else no Parse (the handlers parse
+// and reject for themselves: the reference behaviour).
+func parseIf(on bool) func(sink.Event) (any, error) {
+	if on {
+		return orders.ParseEvent
+	}
+	return nil
 }

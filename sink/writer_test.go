@@ -19,11 +19,19 @@ import (
 
 func newWriter(t *testing.T, pool *pgxpool.Pool, schema string, cache *dedup.Cache, extra ...sink.Handler) *sink.Writer {
 	t.Helper()
+	return writerWith(t, pool, schema, sink.Config{Handlers: extra, Cache: cache})
+}
+
+// writerWith returns a Writer of group "g" in schema with the four orders
+// handlers, then cfg.Handlers, and cfg's other fields.
+func writerWith(t *testing.T, pool *pgxpool.Pool, schema string, cfg sink.Config) *sink.Writer {
+	t.Helper()
 	hs, err := orders.Handlers(schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: append(hs, extra...), Cache: cache})
+	cfg.Schema, cfg.Group, cfg.Handlers = schema, "g", append(hs, cfg.Handlers...)
+	w, err := sink.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
