@@ -105,3 +105,39 @@ func BenchmarkDuplicateCheck(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkClaimOnePresent measures a claim of 1000 keys of which one is
+// claimed already, in the middle of the batch's key order: the COPY fails
+// on it, and the claim looks the keys up and COPYs the others.
+func BenchmarkClaimOnePresent(b *testing.B) {
+	pool := sinktest.Pool(b)
+	schema := sinktest.Schema(b, pool)
+	ctx := b.Context()
+	const n = 1000
+	keys := make([]dedup.Key, n)
+	for b.Loop() {
+		for i := range keys {
+			keys[i] = dedup.Key{EventID: uuid.New(), Handler: "emailHandler"}
+		}
+		keys[0].EventID[0] = 0x80 // the middle of the order
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys[:1], nil)
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var claimed []bool
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			claimed, err = dedup.Claim(ctx, tx, schema, "kafka", "", keys, nil)
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if claimed[0] || !claimed[1] {
+			b.Fatalf("claimed[0] = %v, claimed[1] = %v: want false, true", claimed[0], claimed[1])
+		}
+	}
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "keys/s")
+}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -107,6 +110,162 @@ func TestClaim(t *testing.T) {
 	_ = tx.Rollback(context.Background())
 	if got := claim(z); !got[0] {
 		t.Error("a key claimed by a rolled-back transaction could not be claimed again")
+	}
+}
+
+// A claim that finds a key present falls back from COPY to an insert that
+// skips it, rolling back only its own attempt: what the transaction wrote
+// before the claim stays.
+func TestClaimFallbackKeepsTransaction(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	x := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	y := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{x}, nil); err != nil || !got[0] {
+			t.Errorf("first claim of x: %v, %v", got, err)
+		}
+		got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{y, x}, nil)
+		if err != nil || !got[0] || got[1] {
+			t.Errorf("claim of y, x after x: %v, %v; want [true false]", got, err)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "processed_events"}.Sanitize()+
+		` WHERE event_id = ANY($1)`, []uuid.UUID{x.EventID, y.EventID}).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("%d rows for x and y after commit, want 2", n)
+	}
+}
+
+// Two transactions claiming the same key: the second waits for the first
+// and claims the key only if the first rolls back.
+func TestClaimConcurrent(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	for _, commit := range []bool{true, false} {
+		a := dedup.Key{EventID: uuid.New(), Handler: "a"}
+		b := dedup.Key{EventID: uuid.New(), Handler: "a"}
+		c := dedup.Key{EventID: uuid.New(), Handler: "a"}
+		first, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := dedup.Claim(ctx, first, schema, "kafka", "", []dedup.Key{a, b}, nil); err != nil || !got[0] || !got[1] {
+			t.Fatalf("first claim: %v, %v", got, err)
+		}
+		type result struct {
+			got []bool
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			var r result
+			r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				r.got, err = dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{c, b}, nil)
+				return err
+			})
+			done <- r
+		}()
+		select {
+		case r := <-done:
+			t.Fatalf("second claim returned %v, %v while the first held b", r.got, r.err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if commit {
+			err = first.Commit(ctx)
+		} else {
+			err = first.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if want := !commit; !r.got[0] || r.got[1] != want {
+			t.Errorf("first committed %v: second claimed %v, want [true %v]", commit, r.got, want)
+		}
+	}
+}
+
+// A claim whose COPY meets a concurrent claim twice — once in its first
+// COPY, once in the COPY of the keys its look-up did not find — settles
+// the keys by insert: it claims what is free and nothing the others
+// committed.
+func TestClaimConflictsTwice(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	// b < c < d in the claim's order, so its COPY waits on b first, then d.
+	ordered := func(first byte) dedup.Key {
+		id := uuid.New()
+		id[0] = first
+		return dedup.Key{EventID: id, Handler: "a"}
+	}
+	b, c, d := ordered(0x10), ordered(0x20), ordered(0x30)
+	hold := func(k dedup.Key) pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{k}, nil); err != nil || !got[0] {
+			t.Fatalf("hold %v: %v, %v", k, got, err)
+		}
+		return tx
+	}
+	holdB, holdD := hold(b), hold(d)
+	rec := tracetest.NewSpanRecorder()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
+	type result struct {
+		got []bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			ctx, span := tracer.Start(ctx, "claim")
+			defer span.End()
+			var err error
+			r.got, err = dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{d, c, b}, nil)
+			return err
+		})
+		done <- r
+	}()
+	for _, tx := range []pgx.Tx{holdB, holdD} {
+		time.Sleep(300 * time.Millisecond) // the claim waits on this one's key
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.got[0] || !r.got[1] || r.got[2] {
+		t.Errorf("claimed %v, want [false true false] (d and b were claimed by others)", r.got)
+	}
+	conflicts := int64(-1)
+	for _, s := range rec.Ended() {
+		for _, a := range s.Attributes() {
+			if a.Key == "onceflow.claim.copy_conflicts" {
+				conflicts = a.Value.AsInt64()
+			}
+		}
+	}
+	if conflicts != 2 {
+		t.Errorf("copy conflicts recorded: %d, want 2", conflicts)
 	}
 }
 

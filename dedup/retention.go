@@ -34,8 +34,11 @@ func tablesOf(schema string) tables {
 
 // slice is the sanitized name of slice n's partition.
 func (t tables) slice(n int32) string {
-	return pgx.Identifier{t.schema, fmt.Sprintf("processed_events_s%d", n)}.Sanitize()
+	return pgx.Identifier{t.schema, sliceName(n)}.Sanitize()
 }
+
+// sliceName is the (unquoted) name of slice n's partition.
+func sliceName(n int32) string { return fmt.Sprintf("processed_events_s%d", n) }
 
 // lockSlices takes the slice lock shared until the end of the transaction
 // and then reads the current slice and the oldest, in one round trip. The read is a

@@ -133,6 +133,35 @@ func TestRetentionHorizon(t *testing.T) {
 	}
 }
 
+// After a rotation a claim looks each key up in the older slice by its
+// event and handler: another handler of an event claimed there, a repeat
+// in the batch, and a key of the current slice are each settled on their
+// own.
+func TestClaimAcrossSlices(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	x := uuid.New()
+	xa, xb := dedup.Key{EventID: x, Handler: "a"}, dedup.Key{EventID: x, Handler: "b"}
+	old, cur, fresh := key(), key(), key()
+	if got := e.claim(xa, old); !got[0] || !got[1] {
+		t.Fatalf("claims in slice 0: %v", got)
+	}
+	e.age(0, time.Hour+time.Minute)
+	if res, err := e.retention(time.Hour).Step(ctx); err != nil || !res.Rotated {
+		t.Fatalf("rotation: %+v, %v", res, err)
+	}
+	if got := e.claim(cur); !got[0] {
+		t.Fatal("a new key was not claimed in slice 1")
+	}
+	got := e.claim(xb, fresh, xa, old, cur, xb, fresh)
+	want := []bool{true, true, false, false, false, false, false}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("claimed %v, want %v", got, want)
+		}
+	}
+}
+
 // A rotation waits for the claims in flight: a transaction that claimed a
 // key in the current slice and has not committed holds the rotation off,
 // and a claim of the same key that starts meanwhile, in another
