@@ -67,31 +67,37 @@ func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, [
 	if len(keys) == 0 {
 		return found, out, nil
 	}
-	ids := make([][16]byte, len(keys))
-	handlers := make([]string, len(keys))
-	for i, k := range keys {
-		ids[i] = k.EventID
-		handlers[i] = k.Handler
+	// One index descent per event, not per key: an event's handlers sit
+	// side by side in the key. The rows are matched with the keys here.
+	seen := make(map[[16]byte]struct{}, len(keys))
+	ids := make([][16]byte, 0, len(keys))
+	for _, k := range keys {
+		if _, ok := seen[k.EventID]; !ok {
+			seen[k.EventID] = struct{}{}
+			ids = append(ids, k.EventID)
+		}
 	}
-	rows, err := q.Query(ctx, `SELECT k.i, p.payload_digest
-FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS k(event_id, handler, i)
-JOIN `+table+` p ON p.event_id = k.event_id AND p.handler = k.handler`, ids, handlers)
+	rows, err := q.Query(ctx, `SELECT event_id, handler, payload_digest FROM `+table+` WHERE event_id = ANY($1::uuid[])`, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up claims: %w", err)
 	}
-	var i int64
+	stored := make(map[Key]Digest)
+	var id [16]byte
+	var handler string
 	var d []byte
-	_, err = pgx.ForEachRow(rows, []any{&i, &d}, func() error {
-		if i >= 1 && int(i) <= len(out) {
-			found[i-1] = true
-			if len(d) == len(Digest{}) {
-				out[i-1] = Digest(d)
-			}
+	_, err = pgx.ForEachRow(rows, []any{&id, &handler, &d}, func() error {
+		var dg Digest
+		if len(d) == len(dg) {
+			dg = Digest(d)
 		}
+		stored[Key{EventID: id, Handler: handler}] = dg
 		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up claims: %w", err)
+	}
+	for i, k := range keys {
+		out[i], found[i] = stored[k]
 	}
 	return found, out, nil
 }

@@ -168,7 +168,7 @@ func TestWriteRepeatInBatchReadsNoDigest(t *testing.T) {
 	schema := sinktest.Schema(t, pool, orders.Migrate)
 	w := newWriter(t, pool, schema, nil)
 	epoch := take(t, w)
-	const digestRead = "SELECT k.i, p.payload_digest"
+	const digestRead = "SELECT event_id, handler, payload_digest"
 	a, b, c := uuid.New(), uuid.New(), uuid.New()
 	rec.count("")
 	res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 3,
