@@ -77,38 +77,85 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 			return nil, fmt.Errorf("claim events: %w", err)
 		}
 	}
-	c := claimSet{keys: keys, digests: digests, bus: bus, slice: current}
-	if traceID != "" {
-		c.trace = &traceID
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed); err != nil {
+		return nil, fmt.Errorf("claim events: %w", err)
 	}
-	// COPY, and when a key is in the current slice already, look the keys
-	// up there and COPY the rest; a second failure (a concurrent claim
-	// committed in between) leaves it to the insert.
+	return claimed, nil
+}
+
+// Claims is what LookupClaim reports, index by index of its keys.
+type Claims struct {
+	Claimed []bool   // claimed by this call
+	Found   []bool   // claimed before it: committed, or earlier in this transaction
+	Stored  []Digest // for a key found, the payload digest stored with its claim (zero when none)
+}
+
+// LookupClaim looks keys up and claims the ones not found: [Lookup] and
+// [Claim] in one. It takes the slice lock first, so the look-up sees every
+// slice as it stays for the transaction, and the claim need not probe the
+// older slices again. A key neither claimed nor found is a later copy of a
+// key at a lower index, or a key a concurrent transaction claimed and
+// committed while this one waited for it; its digest is not read. Looking
+// up first costs a read in a batch of new keys; it keeps a redelivery the
+// caller did not know about from failing the claim's COPY, which would
+// leave the rows copied before it dead and write them again.
+//
+// The transaction requirements are Claim's.
+func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
+	c := Claims{Claimed: make([]bool, len(keys))}
+	if len(keys) == 0 {
+		c.Found, c.Stored = []bool{}, []Digest{}
+		return c, nil
+	}
+	t := tablesOf(schema)
+	current, _, err := t.lockSlices(ctx, q)
+	if err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	if c.Found, c.Stored, err = Lookup(ctx, q, t.processed, keys); err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	todo := distinctKeys(keys)
+	n := 0
+	for _, i := range todo {
+		if !c.Found[i] {
+			todo[n] = i
+			n++
+		}
+	}
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo[:n], c.Claimed); err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	return c, nil
+}
+
+// write claims the keys at todo into the current slice and sets claimed[i]
+// for each it claimed: by COPY, and when a key is in the current slice
+// already, it looks the keys up there and COPYs the rest; a second failure
+// (a concurrent claim committed in between) leaves it to the insert.
+func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool) error {
 	for attempt := 0; attempt < 2; attempt++ {
 		if len(todo) == 0 {
-			return claimed, nil
+			return nil
 		}
 		c.todo = todo
 		copied, err := t.copyClaims(ctx, q, c)
 		if err != nil {
-			return nil, fmt.Errorf("claim events: %w", err)
+			return err
 		}
 		if copied {
 			for _, i := range todo {
 				claimed[i] = true
 			}
-			return claimed, nil
+			return nil
 		}
 		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.claim.copy_conflicts", attempt+1))
-		if todo, err = t.absent(ctx, q, "=", current, keys, todo); err != nil {
-			return nil, fmt.Errorf("claim events: %w", err)
+		if todo, err = t.absent(ctx, q, "=", c.slice, c.keys, todo); err != nil {
+			return err
 		}
 	}
 	c.todo = todo
-	if err := t.insertClaims(ctx, q, c, claimed); err != nil {
-		return nil, fmt.Errorf("claim events: %w", err)
-	}
-	return claimed, nil
+	return t.insertClaims(ctx, q, c, claimed)
 }
 
 // claimSet is what one Claim writes: keys[i] for each i in todo (distinct
@@ -120,6 +167,14 @@ type claimSet struct {
 	bus     string
 	trace   *string
 	slice   int32
+}
+
+func newClaimSet(keys []Key, digests []Digest, bus, traceID string, slice int32) claimSet {
+	c := claimSet{keys: keys, digests: digests, bus: bus, slice: slice}
+	if traceID != "" {
+		c.trace = &traceID
+	}
+	return c
 }
 
 func (c claimSet) digest(i int) []byte {

@@ -162,6 +162,51 @@ func TestClaimAcrossSlices(t *testing.T) {
 	}
 }
 
+// LookupClaim finds keys in every slice, with the digest stored, and claims
+// the rest once each.
+func TestLookupClaim(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	x := uuid.New()
+	xa, xb := dedup.Key{EventID: x, Handler: "a"}, dedup.Key{EventID: x, Handler: "b"}
+	old, cur, fresh := key(), key(), key()
+	d := dedup.PayloadDigest([]byte("x"))
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := dedup.Claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{xa, old}, []dedup.Digest{d})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.age(0, time.Hour+time.Minute)
+	if res, err := e.retention(time.Hour).Step(ctx); err != nil || !res.Rotated {
+		t.Fatalf("rotation: %+v, %v", res, err)
+	}
+	e.claim(cur)
+	var c dedup.Claims
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		c, err = dedup.LookupClaim(ctx, tx, e.schema, "kafka", "", []dedup.Key{xb, fresh, xa, old, cur, xb, fresh}, nil)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantClaimed := []bool{true, true, false, false, false, false, false}
+	wantFound := []bool{false, false, true, true, true, false, false}
+	for i := range wantClaimed {
+		if c.Claimed[i] != wantClaimed[i] || c.Found[i] != wantFound[i] {
+			t.Fatalf("claimed %v found %v, want %v %v", c.Claimed, c.Found, wantClaimed, wantFound)
+		}
+	}
+	if c.Stored[2] != d || c.Stored[3] != (dedup.Digest{}) {
+		t.Errorf("stored digests of xa, old = %x, %x; want %x, zero", c.Stored[2], c.Stored[3], d)
+	}
+	if got := e.claim(xb, fresh); got[0] || got[1] {
+		t.Errorf("keys LookupClaim claimed were claimed again: %v", got)
+	}
+}
+
 // A rotation waits for the claims in flight: a transaction that claimed a
 // key in the current slice and has not committed holds the rotation off,
 // and a claim of the same key that starts meanwhile, in another

@@ -10,91 +10,46 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 )
 
-// partitionKey names a partition in Writer.duplicates.
-type partitionKey struct {
-	topic     string
-	partition int32
-}
-
 // claim claims keys in tx and returns, index by index, whether this
 // transaction claimed each key and, for those it did not, the payload
 // digest stored with the claim that exists (zero when unknown): what the
 // conflict check compares.
 //
-// Two ways, chosen per partition by what its previous batch found. Most
-// batches carry mostly new keys (the LRU drops the redeliveries it knows):
-// they are claimed at once (dedup.Claim), and the few keys lost at the
-// claim have their digests read in a second statement, only when there are
-// such keys. A batch that follows one whose keys were mostly claimed
-// already — a replay, a rewind, a member catching up on what another
-// applied — looks its keys up first (dedup.Lookup, a read): the keys found
-// are duplicates with their digests at hand, and only the rest are claimed.
-// A pure duplicate batch thus costs one read instead of an insert attempt
-// and a read. Either way Postgres decides: a key found is claimed for good,
-// and a key not found goes through Claim, which settles concurrent claims.
-func (w *Writer) claim(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
+// dedup.LookupClaim looks the keys up first (a key found is a duplicate,
+// claimed for good, with its digest at hand) and claims the rest by COPY,
+// which settles concurrent claims. A key lost there to another
+// transaction has its digest read in one more statement, only when there
+// are such keys.
+func (w *Writer) claim(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
 	if len(keys) == 0 {
 		return nil, nil, nil
 	}
 	ctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
-	won, stored, err := w.claimKeys(ctx, tx, b, keys, traceID)
+	won, stored, err := w.claimKeys(ctx, tx, keys, traceID)
 	endSpan(span, err)
 	return won, stored, err
 }
 
-func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
-	won := make([]bool, len(keys))
-	stored := make([]dedup.Digest, len(keys))
-	pk := partitionKey{b.Topic, b.Partition}
-	v, _ := w.duplicates.Load(pk)
-	lookFirst, _ := v.(bool)
-	todo := make([]int, 0, len(keys)) // indexes into keys still to claim
-	if lookFirst {
-		found, ds, err := dedup.Lookup(ctx, tx, w.processed, keysAt(keys, nil))
-		if err != nil {
-			return nil, nil, err
-		}
-		for i := range keys {
-			if found[i] {
-				stored[i] = ds[i]
-			} else {
-				todo = append(todo, i)
-			}
-		}
-		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.found_first", len(keys)-len(todo)))
-	} else {
-		for i := range keys {
+func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
+	ds := make([]dedup.Digest, len(keys))
+	for i, k := range keys {
+		ds[i] = k.digest
+	}
+	c, err := dedup.LookupClaim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, nil), ds)
+	if err != nil {
+		return nil, nil, err
+	}
+	todo := make([]int, 0, len(keys)) // indexes of the keys not found
+	for i, found := range c.Found {
+		if !found {
 			todo = append(todo, i)
 		}
 	}
-	if len(todo) > 0 {
-		ds := make([]dedup.Digest, len(todo))
-		for j, i := range todo {
-			ds[j] = keys[i].digest
-		}
-		got, err := dedup.Claim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, todo), ds)
-		if err != nil {
-			return nil, nil, err
-		}
-		for j, i := range todo {
-			won[i] = got[j]
-		}
-		if err := w.lostDigests(ctx, tx, keys, todo, won, stored); err != nil {
-			return nil, nil, err
-		}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.found_first", len(keys)-len(todo)))
+	if err := w.lostDigests(ctx, tx, keys, todo, c.Claimed, c.Stored); err != nil {
+		return nil, nil, err
 	}
-	// The next batch of the partition looks up first when most of this
-	// one's keys were claimed already.
-	lost := 0
-	for _, ok := range won {
-		if !ok {
-			lost++
-		}
-	}
-	if dup := 2*lost > len(keys); dup != lookFirst {
-		w.duplicates.Store(pk, dup)
-	}
-	return won, stored, nil
+	return c.Claimed, c.Stored, nil
 }
 
 // lostDigests sets stored[i] for each claimed key todo lost. A key lost to

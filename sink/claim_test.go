@@ -17,13 +17,11 @@ import (
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
-// After a batch whose keys were mostly claimed already, the next batch of
-// the partition looks its keys up before claiming (a replay's path): the
-// keys found are skipped with their stored digests — a conflicting
-// duplicate among them is still refused — the rest are claimed and
-// applied, and a batch of new keys turns the partition back to claiming
-// at once. Effects are counted: exactly once throughout.
-func TestWriteLooksUpAfterDuplicates(t *testing.T) {
+// Every batch looks its keys up before claiming: the keys found are
+// skipped with their stored digests — a conflicting duplicate among them
+// is still refused — and the rest are claimed by a COPY that meets none of
+// them. Effects are counted: exactly once throughout.
+func TestWriteLooksUpFirst(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool, orders.Migrate)
 	ctx := t.Context()
@@ -83,28 +81,41 @@ func TestWriteLooksUpAfterDuplicates(t *testing.T) {
 	}
 	hn := len(orders.Names)
 
-	if res := write([]uuid.UUID{a, b, c}); res.Applied != 3*hn || foundFirst() != -1 {
-		t.Fatalf("new batch: applied %d, found first %d; want %d, none", res.Applied, foundFirst(), 3*hn)
+	// copyConflicts is the number of claim COPYs that met a key present,
+	// over the spans ended so far.
+	copyConflicts := func() int64 {
+		var n int64
+		for _, sp := range rec.Ended() {
+			for _, kv := range sp.Attributes() {
+				if kv.Key == "onceflow.claim.copy_conflicts" {
+					n += kv.Value.AsInt64()
+				}
+			}
+		}
+		return n
 	}
-	if res := write([]uuid.UUID{a, b, c}); res.Applied != 0 || res.SkippedPostgres != 3*hn || foundFirst() != -1 {
-		t.Fatalf("redelivery: applied %d, skipped %d, found first %d; want 0, %d, none (nothing told it to expect duplicates)",
-			res.Applied, res.SkippedPostgres, foundFirst(), 3*hn)
+
+	if res := write([]uuid.UUID{a, b, c}); res.Applied != 3*hn || foundFirst() != 0 {
+		t.Fatalf("new batch: applied %d, found first %d; want %d, 0", res.Applied, foundFirst(), 3*hn)
 	}
-	// b now carries another payload; d is new.
+	if res := write([]uuid.UUID{a, b, c}); res.Applied != 0 || res.SkippedPostgres != 3*hn || foundFirst() != int64(3*hn) {
+		t.Fatalf("redelivery: applied %d, skipped %d, found first %d; want 0, %d, %d",
+			res.Applied, res.SkippedPostgres, foundFirst(), 3*hn, 3*hn)
+	}
+	// b now carries another payload; d is new: the look-up finds a, b and
+	// c, the claim copies d's keys without meeting any of them.
 	res := write([]uuid.UUID{a, b, c, d}, nil, order(99, "B"))
 	if got := foundFirst(); got != int64(3*hn) {
-		t.Errorf("after a batch of duplicates: %d keys found first, want %d", got, 3*hn)
+		t.Errorf("a batch with duplicates: %d keys found first, want %d", got, 3*hn)
 	}
 	if res.Applied != hn || res.SkippedPostgres != 2*hn || res.Conflicts != 1 {
 		t.Errorf("looked-up batch: applied %d, skipped %d, conflicts %d; want %d, %d, 1", res.Applied, res.SkippedPostgres, res.Conflicts, hn, 2*hn)
 	}
-	// Still looking up (the last batch was mostly duplicates): new keys
-	// are not found, so they are claimed; then claiming at once again.
-	if res := write([]uuid.UUID{e, f}); res.Applied != 2*hn || foundFirst() != 0 {
-		t.Errorf("new keys after duplicates: applied %d, found first %d; want %d, 0", res.Applied, foundFirst(), 2*hn)
+	if res := write([]uuid.UUID{e, f, g}); res.Applied != 3*hn || foundFirst() != 0 {
+		t.Errorf("new keys after duplicates: applied %d, found first %d; want %d, 0", res.Applied, foundFirst(), 3*hn)
 	}
-	if res := write([]uuid.UUID{g}); res.Applied != hn || foundFirst() != -1 {
-		t.Errorf("after a batch of new keys: applied %d, found first %d; want %d, none", res.Applied, foundFirst(), hn)
+	if n := copyConflicts(); n != 0 {
+		t.Errorf("%d claim COPYs met a key present; want none (the look-up found them first)", n)
 	}
 	rep, err := orders.Check(ctx, pool, schema, want)
 	if err != nil {
@@ -149,9 +160,9 @@ func (s *statements) count(sub string) int {
 
 // A record twice in one batch loses its second claim to its first: the
 // digest it is compared with is the first copy's, known without reading
-// it back, so the batch makes no digest read. A key lost to another
-// transaction's claim still has its digest read, and a second copy with
-// another payload is still a conflict.
+// it back, so the batch reads digests once, in its look-up. A key claimed
+// by an earlier batch is found by that look-up with its digest, and a
+// second copy with another payload is still a conflict.
 func TestWriteRepeatInBatchReadsNoDigest(t *testing.T) {
 	ctx := t.Context()
 	cfg, err := pgxpool.ParseConfig(sinktest.DSN(t))
@@ -177,8 +188,8 @@ func TestWriteRepeatInBatchReadsNoDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	hn := len(orders.Names)
-	if n := rec.count(digestRead); n != 0 || res.Applied != 2*hn || res.SkippedPostgres != hn {
-		t.Errorf("a record twice: %d digest reads, applied %d, skipped %d; want 0, %d, %d", n, res.Applied, res.SkippedPostgres, 2*hn, hn)
+	if n := rec.count(digestRead); n != 1 || res.Applied != 2*hn || res.SkippedPostgres != hn {
+		t.Errorf("a record twice: %d digest reads, applied %d, skipped %d; want 1 (the look-up), %d, %d", n, res.Applied, res.SkippedPostgres, 2*hn, hn)
 	}
 	res, err = w.Write(ctx, &sink.Batch{Topic: "orders", Epoch: epoch, Fence: 3, NextOffset: 6,
 		Events: events(3, []uuid.UUID{b, c, c}, [][]byte{order(2, "B"), order(3, "C"), order(4, "D")})})
@@ -186,7 +197,7 @@ func TestWriteRepeatInBatchReadsNoDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := rec.count(digestRead); n != 1 || res.Applied != hn || res.Conflicts != 1 {
-		t.Errorf("b again, c twice with two payloads: %d digest reads, applied %d, conflicts %d; want 1 (for b), %d, 1",
+		t.Errorf("b again, c twice with two payloads: %d digest reads, applied %d, conflicts %d; want 1 (the look-up, which finds b), %d, 1",
 			n, res.Applied, res.Conflicts, hn)
 	}
 	rep, err := orders.Check(ctx, pool, schema, map[uuid.UUID]orders.Order{

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -157,9 +156,6 @@ type Writer struct {
 	offsets   string
 	dead      string
 	filtered  bool // some handler is a TopicFilter
-	// duplicates says, per partition, that its last batch found most of
-	// its keys already claimed (see claim).
-	duplicates sync.Map // partitionKey -> bool
 }
 
 // New returns a Writer over pool. It does not touch the database; run
@@ -453,7 +449,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 		traceID = sc.TraceID().String()
 	}
-	won, stored, err := w.claim(ctx, tx, b, keys, traceID)
+	won, stored, err := w.claim(ctx, tx, keys, traceID)
 	if err != nil {
 		return outcome{}, err
 	}
