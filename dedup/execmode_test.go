@@ -1,0 +1,75 @@
+package dedup_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// Claims, look-ups and unclaims work whatever query exec mode the user's
+// DSN sets (default_query_exec_mode): a pool behind a transaction pooler
+// is configured with simple_protocol or exec.
+func TestClaimExecModes(t *testing.T) {
+	base := sinktest.Pool(t)
+	schema := sinktest.Schema(t, base)
+	table := pgx.Identifier{schema, "processed_events"}.Sanitize()
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := t.Context()
+			dsn := sinktest.DSN(t)
+			sep := "?"
+			if strings.Contains(dsn, "?") {
+				sep = "&"
+			}
+			cfg, err := pgxpool.ParseConfig(dsn + sep + "default_query_exec_mode=" + mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
+			y := dedup.Key{EventID: uuid.New(), Handler: "a"}
+			d := dedup.PayloadDigest([]byte(mode))
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if got, err := dedup.Claim(ctx, tx, schema, "kafka", "0af7651916cd43dd8448eb211c80319c", []dedup.Key{x}, []dedup.Digest{d}); err != nil || !got[0] {
+					t.Errorf("claim x: %v, %v", got, err)
+					return err
+				}
+				// x present: the COPY conflicts, the look-up and the second COPY run.
+				c, err := dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{y, x}, []dedup.Digest{d, d})
+				if err != nil {
+					t.Errorf("lookup claim: %v", err)
+					return err
+				}
+				if !c.Claimed[0] || c.Claimed[1] || !c.Found[1] || c.Stored[1] != d {
+					t.Errorf("lookup claim of y, x: %+v", c)
+				}
+				got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{y, x}, nil)
+				if err != nil || got[0] || got[1] {
+					t.Errorf("claim y, x again: %v, %v", got, err)
+				}
+				if err := dedup.Unclaim(ctx, tx, table, []dedup.Key{y}); err != nil {
+					t.Errorf("unclaim: %v", err)
+					return err
+				}
+				found, _, err := dedup.Lookup(ctx, tx, table, []dedup.Key{x, y})
+				if err != nil || !found[0] || found[1] {
+					t.Errorf("lookup after unclaim: %v, %v", found, err)
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
