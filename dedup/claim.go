@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -216,10 +217,10 @@ func distinctKeys(keys []Key) []int {
 // with the keys here. The slice is a parameter, not a subquery, so that
 // the scan is pruned to the partitions it names.
 func (t tables) absent(ctx context.Context, q Querier, op string, current int32, keys []Key, todo []int) ([]int, error) {
-	ids := make([][16]byte, 0, len(todo))
+	ids := make([]pgtype.UUID, 0, len(todo))
 	for _, i := range todo { // in event_id order: each id once
-		if id := keys[i].EventID; len(ids) == 0 || ids[len(ids)-1] != id {
-			ids = append(ids, id)
+		if id := keys[i].EventID; len(ids) == 0 || ids[len(ids)-1].Bytes != id {
+			ids = append(ids, uuidParam(id))
 		}
 	}
 	rows, err := q.Query(ctx, `SELECT event_id, handler FROM `+t.processed+`
@@ -299,11 +300,11 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, er
 // waits for a concurrent transaction that holds it, like any unique-index
 // insert.
 func (t tables) insertClaims(ctx context.Context, q Querier, c claimSet, claimed []bool) error {
-	ids := make([][16]byte, len(c.todo))
+	ids := make([]pgtype.UUID, len(c.todo))
 	handlers := make([]string, len(c.todo))
 	ds := make([][]byte, len(c.todo))
 	for j, i := range c.todo {
-		ids[j] = c.keys[i].EventID
+		ids[j] = uuidParam(c.keys[i].EventID)
 		handlers[j] = c.keys[i].Handler
 		ds[j] = c.digest(i)
 	}
@@ -334,3 +335,10 @@ RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 	}
 	return nil
 }
+
+// uuidParam is id as a uuid parameter. Arrays of pgtype.UUID encode in
+// every query exec mode: binary where the statement is described, text
+// under QueryExecModeExec and QueryExecModeSimpleProtocol (a DSN's
+// default_query_exec_mode, as set behind a transaction pooler), where
+// arrays of [16]byte or uuid.UUID have no encoding.
+func uuidParam(id [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: true} }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Digest is a 16-byte fingerprint of an event's payload: the first half of
@@ -70,11 +71,11 @@ func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, [
 	// One index descent per event, not per key: an event's handlers sit
 	// side by side in the key. The rows are matched with the keys here.
 	seen := make(map[[16]byte]struct{}, len(keys))
-	ids := make([][16]byte, 0, len(keys))
+	ids := make([]pgtype.UUID, 0, len(keys))
 	for _, k := range keys {
 		if _, ok := seen[k.EventID]; !ok {
 			seen[k.EventID] = struct{}{}
-			ids = append(ids, k.EventID)
+			ids = append(ids, uuidParam(k.EventID))
 		}
 	}
 	rows, err := q.Query(ctx, `SELECT event_id, handler, payload_digest FROM `+table+` WHERE event_id = ANY($1::uuid[])`, ids)
@@ -110,10 +111,10 @@ func Unclaim(ctx context.Context, q Querier, table string, keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	ids := make([][16]byte, len(keys))
+	ids := make([]pgtype.UUID, len(keys))
 	handlers := make([]string, len(keys))
 	for i, k := range keys {
-		ids[i] = k.EventID
+		ids[i] = uuidParam(k.EventID)
 		handlers[i] = k.Handler
 	}
 	rows, err := q.Query(ctx, `DELETE FROM `+table+` p USING unnest($1::uuid[], $2::text[]) AS k(event_id, handler)
