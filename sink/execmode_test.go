@@ -44,7 +44,7 @@ func TestWriteExecModes(t *testing.T) {
 				t.Fatalf("first write: %v", err)
 			}
 			if res.Applied != 2 {
-				t.Errorf("first write applied %d, want 2", res.Applied)
+				t.Errorf("first write applied %d, want 2: %+v", res.Applied, res)
 			}
 			// Redelivered, with one new event: found in Postgres, not applied again.
 			again := append(evs, events(2, []uuid.UUID{uuid.New()}, [][]byte{[]byte(`{"a":3}`)})...)

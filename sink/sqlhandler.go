@@ -260,16 +260,22 @@ func keyword(s string, i int, kw string) (int, bool) {
 // args are the statement's parameters for events, in binary encodings.
 func (h *SQLHandler) args(events []Event) []any {
 	n := len(events)
-	ids := make([][16]byte, n) // binary encoding, unlike uuid.UUID
-	payloads := make([][]byte, n)
+	// pgtype.UUID: binary where the statement is described, and text under
+	// the exec and simple_protocol query modes, where arrays of [16]byte
+	// or uuid.UUID have no encoding.
+	ids := make([]pgtype.UUID, n)
+	// json.RawMessage, not []byte, for the jsonb columns: under the exec
+	// and simple_protocol query modes a []byte is sent as a bytea literal,
+	// which jsonb refuses.
+	payloads := make([]json.RawMessage, n)
 	keys := make([][]byte, n)
-	headers := make([][]byte, n)
+	headers := make([]json.RawMessage, n)
 	topics := make([]string, n)
 	parts := make([]int32, n)
 	offsets := make([]int64, n)
 	times := make([]pgtype.Timestamptz, n)
 	for i, e := range events {
-		ids[i] = e.ID
+		ids[i] = pgtype.UUID{Bytes: e.ID, Valid: true}
 		if !h.raw {
 			payloads[i] = e.Value
 		}
@@ -277,7 +283,7 @@ func (h *SQLHandler) args(events []Event) []any {
 		topics[i], parts[i], offsets[i] = e.Topic, e.Partition, e.Offset
 		times[i] = pgtype.Timestamptz{Time: e.Timestamp, Valid: !e.Timestamp.IsZero()}
 	}
-	args := []any{ids, payloads, keys, headers, topics, parts, offsets, times} // jsonb: each []byte is raw JSON, nil is NULL
+	args := []any{ids, payloads, keys, headers, topics, parts, offsets, times} // jsonb: each raw JSON, nil is NULL
 	if h.raw {
 		values := make([][]byte, n)
 		for i, e := range events {
