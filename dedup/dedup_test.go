@@ -367,3 +367,39 @@ func TestCacheDigestsDifferByHandler(t *testing.T) {
 		})
 	}
 }
+
+// A claim is reported only for a row that was written: a trigger on
+// processed_events that skips a row (returns NULL) makes the claim fail
+// rather than report a key claimed that no row holds.
+func TestClaimSkippedRowIsNotClaimed(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	table := pgx.Identifier{schema, "processed_events"}.Sanitize()
+	fn := pgx.Identifier{schema, "skip_some"}.Sanitize()
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.handler = 'skipped' THEN RETURN NULL; END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER skip_some BEFORE INSERT ON ` + table + ` FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := uuid.New()
+	keys := []dedup.Key{{EventID: id, Handler: "kept"}, {EventID: id, Handler: "skipped"}}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		got, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys, nil)
+		if err == nil && got[1] {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE event_id = $1 AND handler = 'skipped'`, id).Scan(&n); err != nil {
+				return err
+			}
+			t.Errorf("claim reports %v with %d rows for the skipped key; want an error or the key not claimed", got, n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
