@@ -263,14 +263,14 @@ var claimColumns = []string{"event_id", "handler", "bus", "trace_id", "payload_d
 // copyClaims writes c by COPY under a savepoint and reports whether it
 // did. false: some key of c is in the slice already (committed, or
 // inserted by a transaction that committed while the COPY waited for
-// it), the COPY was rolled back to the savepoint, and nothing of c is
-// written.
+// it), or the COPY wrote fewer rows than c has, the COPY was rolled back
+// to the savepoint, and nothing of c is written.
 func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, error) {
 	if _, err := q.Exec(ctx, `SAVEPOINT onceflow_claim`); err != nil {
 		return false, err
 	}
 	j := 0
-	_, err := q.CopyFrom(ctx, pgx.Identifier{t.schema, sliceName(c.slice)}, claimColumns,
+	n, err := q.CopyFrom(ctx, pgx.Identifier{t.schema, sliceName(c.slice)}, claimColumns,
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if j == len(c.todo) {
 				return nil, nil
@@ -279,8 +279,11 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, er
 			j++
 			return []any{[16]byte(c.keys[i].EventID), c.keys[i].Handler, c.bus, c.trace, c.digest(i), c.slice}, nil
 		}))
+	// A row COPY did not write (a trigger on processed_events that skips
+	// it) is no claim: rolled back, the keys go to the insert, whose
+	// RETURNING says which it wrote.
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
+	if (errors.As(err, &pgErr) && pgErr.Code == uniqueViolation) || (err == nil && n != int64(len(c.todo))) {
 		if _, err := q.Exec(ctx, `ROLLBACK TO SAVEPOINT onceflow_claim`); err != nil {
 			return false, err
 		}
