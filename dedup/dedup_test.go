@@ -403,3 +403,26 @@ BEGIN IF NEW.handler = 'skipped' THEN RETURN NULL; END IF; RETURN NEW; END $$`,
 		t.Fatal(err)
 	}
 }
+
+// A claim that fell back from its COPY leaves no savepoint open: what the
+// transaction does next runs in it, not in a subtransaction of the claim.
+func TestClaimFallbackLeavesNoSavepoint(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	x := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	y := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
+	for _, keys := range [][]dedup.Key{{x}, {y, x}} {
+		if _, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); err == nil {
+		t.Error("a savepoint onceflow_claim is still open after the claim")
+	}
+}
