@@ -284,7 +284,9 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, er
 	// RETURNING says which it wrote.
 	var pgErr *pgconn.PgError
 	if (errors.As(err, &pgErr) && pgErr.Code == uniqueViolation) || (err == nil && n != int64(len(c.todo))) {
-		if _, err := q.Exec(ctx, `ROLLBACK TO SAVEPOINT onceflow_claim`); err != nil {
+		// Released too: ROLLBACK TO keeps the savepoint, and what the
+		// transaction does next would run in a subtransaction of it.
+		if _, err := q.Exec(ctx, `ROLLBACK TO SAVEPOINT onceflow_claim; RELEASE SAVEPOINT onceflow_claim`); err != nil {
 			return false, err
 		}
 		return false, nil
