@@ -16,8 +16,9 @@ import (
 
 // Two members write batches of overlapping event ids on their partitions
 // at once (cross-partition duplicates, in different orders), with handler
-// names whose byte order differs from their collation order: each key is
-// applied once, and no batch fails (no deadlock between the claims).
+// names whose byte order differs from a linguistic collation's (en_US;
+// under C they agree): each key is applied once, and no batch fails (no
+// deadlock between the claims, which all write in byte order).
 func TestWriteConcurrentDuplicates(t *testing.T) {
 	testConcurrentDuplicates(t, false)
 }
