@@ -78,7 +78,7 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 			return nil, fmt.Errorf("claim events: %w", err)
 		}
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed); err != nil {
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed, false); err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
 	}
 	return claimed, nil
@@ -109,11 +109,15 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 		return c, nil
 	}
 	t := tablesOf(schema)
-	current, _, err := t.lockSlices(ctx, q)
+	// One round trip: the lock, the slices, the look-up and the COPY's
+	// savepoint, in this order (the look-up's snapshot is taken after the
+	// lock is held).
+	b := &pgx.Batch{}
+	t.queueLock(b)
+	b.Queue(lookupSQL(t.processed), eventIDs(keys))
+	b.Queue(`SAVEPOINT onceflow_claim`)
+	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
 	if err != nil {
-		return c, fmt.Errorf("claim events: %w", err)
-	}
-	if c.Found, c.Stored, err = Lookup(ctx, q, t.processed, keys); err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	todo := distinctKeys(keys)
@@ -124,23 +128,51 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 			n++
 		}
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo[:n], c.Claimed); err != nil {
+	if n == 0 {
+		if _, err := q.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); err != nil {
+			return c, fmt.Errorf("claim events: %w", err)
+		}
+		return c, nil
+	}
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo[:n], c.Claimed, true); err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	return c, nil
+}
+
+// lookupLocked reads the results of LookupClaim's pipeline into c and
+// returns the current slice.
+func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (int32, error) {
+	defer br.Close()
+	current, _, err := t.readLock(br)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return 0, fmt.Errorf("look up claims: %w", err)
+	}
+	if c.Found, c.Stored, err = readLookup(rows, keys); err != nil {
+		return 0, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return 0, err
+	}
+	return current, br.Close()
 }
 
 // write claims the keys at todo into the current slice and sets claimed[i]
 // for each it claimed: by COPY, and when a key is in the current slice
 // already, it looks the keys up there and COPYs the rest; a second failure
 // (a concurrent claim committed in between) leaves it to the insert.
-func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool) error {
+// savepoint: the caller opened onceflow_claim for the first COPY.
+func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool, savepoint bool) error {
 	for attempt := 0; attempt < 2; attempt++ {
 		if len(todo) == 0 {
 			return nil
 		}
 		c.todo = todo
-		copied, err := t.copyClaims(ctx, q, c)
+		copied, err := t.copyClaims(ctx, q, c, savepoint && attempt == 0)
 		if err != nil {
 			return err
 		}
@@ -260,14 +292,17 @@ const uniqueViolation = "23505"
 // default.
 var claimColumns = []string{"event_id", "handler", "bus", "trace_id", "payload_digest", "slice"}
 
-// copyClaims writes c by COPY under a savepoint and reports whether it
-// did. false: some key of c is in the slice already (committed, or
+// copyClaims writes c by COPY under the savepoint onceflow_claim —
+// opened here, or by the caller when opened — and reports whether it did.
+// The savepoint is released either way. false: some key of c is in the slice already (committed, or
 // inserted by a transaction that committed while the COPY waited for
 // it), or the COPY wrote fewer rows than c has, the COPY was rolled back
 // to the savepoint, and nothing of c is written.
-func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, error) {
-	if _, err := q.Exec(ctx, `SAVEPOINT onceflow_claim`); err != nil {
-		return false, err
+func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bool) (bool, error) {
+	if !opened {
+		if _, err := q.Exec(ctx, `SAVEPOINT onceflow_claim`); err != nil {
+			return false, err
+		}
 	}
 	j := 0
 	n, err := q.CopyFrom(ctx, pgx.Identifier{t.schema, sliceName(c.slice)}, claimColumns,

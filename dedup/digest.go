@@ -63,13 +63,25 @@ func Digests(ctx context.Context, q Querier, table string, keys []Key) ([]Digest
 // ones not found; a key not found may still be claimed by a concurrent
 // transaction, which Claim settles.
 func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, []Digest, error) {
-	found := make([]bool, len(keys))
-	out := make([]Digest, len(keys))
 	if len(keys) == 0 {
-		return found, out, nil
+		return []bool{}, []Digest{}, nil
 	}
-	// One index descent per event, not per key: an event's handlers sit
-	// side by side in the key. The rows are matched with the keys here.
+	rows, err := q.Query(ctx, lookupSQL(table), eventIDs(keys))
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up claims: %w", err)
+	}
+	return readLookup(rows, keys)
+}
+
+// lookupSQL reads the claims of a set of event ids, one index descent per
+// event, not per key: an event's handlers sit side by side in the key. The
+// rows are matched with the keys by readLookup.
+func lookupSQL(table string) string {
+	return `SELECT event_id, handler, payload_digest FROM ` + table + ` WHERE event_id = ANY($1::uuid[])`
+}
+
+// eventIDs is the distinct event ids of keys, as lookupSQL's parameter.
+func eventIDs(keys []Key) []pgtype.UUID {
 	seen := make(map[[16]byte]struct{}, len(keys))
 	ids := make([]pgtype.UUID, 0, len(keys))
 	for _, k := range keys {
@@ -78,15 +90,16 @@ func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, [
 			ids = append(ids, uuidParam(k.EventID))
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT event_id, handler, payload_digest FROM `+table+` WHERE event_id = ANY($1::uuid[])`, ids)
-	if err != nil {
-		return nil, nil, fmt.Errorf("look up claims: %w", err)
-	}
+	return ids
+}
+
+// readLookup reads lookupSQL's rows into Lookup's results for keys.
+func readLookup(rows pgx.Rows, keys []Key) ([]bool, []Digest, error) {
 	stored := make(map[Key]Digest)
 	var id [16]byte
 	var handler string
 	var d []byte
-	_, err = pgx.ForEachRow(rows, []any{&id, &handler, &d}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&id, &handler, &d}, func() error {
 		var dg Digest
 		if len(d) == len(dg) {
 			dg = Digest(d)
@@ -97,6 +110,8 @@ func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, [
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up claims: %w", err)
 	}
+	found := make([]bool, len(keys))
+	out := make([]Digest, len(keys))
 	for i, k := range keys {
 		out[i], found[i] = stored[k]
 	}

@@ -43,13 +43,27 @@ func sliceName(n int32) string { return fmt.Sprintf("processed_events_s%d", n) }
 // lockSlices takes the slice lock shared until the end of the transaction
 // and then reads the current slice and the oldest, in one round trip. The read is a
 // statement of its own, so its snapshot is taken after the lock is held: a
-// rotation that committed while this waited is seen.
+// rotation that committed while this waited is seen; so is every statement
+// pipelined after it (queueLock).
 func (t tables) lockSlices(ctx context.Context, q Querier) (current, oldest int32, err error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`, t.lockKey)
-	b.Queue(`SELECT max(slice), min(slice), current_setting('transaction_isolation') FROM ` + t.slices)
+	t.queueLock(b)
 	br := q.SendBatch(ctx, b)
 	defer br.Close()
+	if current, oldest, err = t.readLock(br); err != nil {
+		return 0, 0, err
+	}
+	return current, oldest, br.Close()
+}
+
+// queueLock queues lockSlices' two statements on b, for a caller that
+// pipelines more after them; readLock reads their results.
+func (t tables) queueLock(b *pgx.Batch) {
+	b.Queue(`SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`, t.lockKey)
+	b.Queue(`SELECT max(slice), min(slice), current_setting('transaction_isolation') FROM ` + t.slices)
+}
+
+func (t tables) readLock(br pgx.BatchResults) (current, oldest int32, err error) {
 	if _, err := br.Exec(); err != nil {
 		return 0, 0, fmt.Errorf("lock the dedup slices: %w", err)
 	}
@@ -66,7 +80,7 @@ func (t tables) lockSlices(ctx context.Context, q Querier) (current, oldest int3
 	if cur == nil || old == nil {
 		return 0, 0, fmt.Errorf("read the current dedup slice: %s is empty (was it migrated?)", t.slices)
 	}
-	return *cur, *old, br.Close()
+	return *cur, *old, nil
 }
 
 // Retention keeps the dedup state of one schema within a horizon, by

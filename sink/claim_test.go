@@ -129,7 +129,8 @@ func TestWriteLooksUpFirst(t *testing.T) {
 	}
 }
 
-// statements records the SQL of every statement a pool runs.
+// statements records the SQL of every statement a pool runs, pipelined
+// ones included.
 type statements struct {
 	mu   sync.Mutex
 	sqls []string
@@ -143,6 +144,19 @@ func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 }
 
 func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The statements of a pipelined batch are recorded as well.
+func (s *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (s *statements) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	s.mu.Lock()
+	s.sqls = append(s.sqls, d.SQL)
+	s.mu.Unlock()
+}
+
+func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // count returns how many recorded statements contain sub, and forgets them.
 func (s *statements) count(sub string) int {
