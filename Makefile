@@ -45,13 +45,13 @@ bench-backlog: up-postgres up-kafka ## peak RSS of one onceflow run draining a 5
 		-records 5000000 -raw-copy=false -out benchmarks/out/backlog-rss $(ARGS)
 
 PREFILL ?= 10000000
-RECORDS ?= 2000000
+RECORDS ?= 6000000
 # The sustained runs use infra/postgres-bench.sh's cluster (shared_buffers 6GB, checkpoints
 # 15 min apart: the settings the README's figures assume); SUSTAINED_DSN=... measures another.
 SUSTAINED_DSN ?= $$(infra/postgres-bench.sh start)
-bench-sustained: up-kafka ## rate against dedup table size on PREFILL (10M) pre-filled rows, RECORDS (2M) records: benchmarks/out/sustained-PREFILL
+bench-sustained: up-kafka ## rate against dedup table size on PREFILL (10M) pre-filled rows, RECORDS (6M: past the first minute after the pre-fill's checkpoint) records: benchmarks/out/sustained-PREFILL
 	$(GO) run ./benchmarks backlog -brokers $$(infra/kafka.sh brokers) -dsn "$(SUSTAINED_DSN)" \
-		-prefill $(PREFILL) -records $(RECORDS) -out benchmarks/out/sustained-$(PREFILL) $(ARGS)
+		-prefill $(PREFILL) -records $(RECORDS) -raw-events 1500000 -out benchmarks/out/sustained-$(PREFILL) $(ARGS)
 
 chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka and Postgres; ARGS="-seed N" replays
 	$(GO) run ./benchmarks/chaos -short $(ARGS)
