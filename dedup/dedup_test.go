@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -113,6 +114,28 @@ func TestClaim(t *testing.T) {
 	}
 }
 
+// claimResult is what a claim made in the background returned.
+type claimResult struct {
+	got []bool
+	err error
+}
+
+// claimInBackground claims keys in a transaction of its own, in a
+// goroutine that ends with the send of its result.
+func claimInBackground(ctx context.Context, pool *pgxpool.Pool, schema string, keys ...dedup.Key) <-chan claimResult {
+	done := make(chan claimResult, 1)
+	go func() {
+		var r claimResult
+		r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			r.got, err = dedup.Claim(ctx, tx, schema, "kafka", "", keys, nil)
+			return err
+		})
+		done <- r
+	}()
+	return done
+}
+
 // A claim that finds a key present falls back from COPY to an insert that
 // skips it, rolling back only its own attempt: what the transaction wrote
 // before the claim stays.
@@ -162,20 +185,7 @@ func TestClaimConcurrent(t *testing.T) {
 		if got, err := dedup.Claim(ctx, first, schema, "kafka", "", []dedup.Key{a, b}, nil); err != nil || !got[0] || !got[1] {
 			t.Fatalf("first claim: %v, %v", got, err)
 		}
-		type result struct {
-			got []bool
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			var r result
-			r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var err error
-				r.got, err = dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{c, b}, nil)
-				return err
-			})
-			done <- r
-		}()
+		done := claimInBackground(ctx, pool, schema, c, b)
 		select {
 		case r := <-done:
 			t.Fatalf("second claim returned %v, %v while the first held b", r.got, r.err)
@@ -227,22 +237,8 @@ func TestClaimConflictsTwice(t *testing.T) {
 	holdB, holdD := hold(b), hold(d)
 	rec := tracetest.NewSpanRecorder()
 	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
-	type result struct {
-		got []bool
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		var r result
-		r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			ctx, span := tracer.Start(ctx, "claim")
-			defer span.End()
-			var err error
-			r.got, err = dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{d, c, b}, nil)
-			return err
-		})
-		done <- r
-	}()
+	claimCtx, span := tracer.Start(ctx, "claim")
+	done := claimInBackground(claimCtx, pool, schema, d, c, b)
 	for _, tx := range []pgx.Tx{holdB, holdD} {
 		time.Sleep(300 * time.Millisecond) // the claim waits on this one's key
 		if err := tx.Commit(ctx); err != nil {
@@ -250,6 +246,7 @@ func TestClaimConflictsTwice(t *testing.T) {
 		}
 	}
 	r := <-done
+	span.End()
 	if r.err != nil {
 		t.Fatal(r.err)
 	}

@@ -54,6 +54,16 @@ func (e *retentionEnv) age(n int, ago time.Duration) {
 	}
 }
 
+// rotate starts slice 1: slice 0 is aged past an hour's horizon and a
+// retention step runs.
+func (e *retentionEnv) rotate() {
+	e.t.Helper()
+	e.age(0, time.Hour+time.Minute)
+	if res, err := e.retention(time.Hour).Step(e.t.Context()); err != nil || !res.Rotated {
+		e.t.Fatalf("rotation: %+v, %v", res, err)
+	}
+}
+
 func (e *retentionEnv) slices() []int32 {
 	e.t.Helper()
 	var ids []int32
@@ -139,17 +149,13 @@ func TestRetentionHorizon(t *testing.T) {
 // own.
 func TestClaimAcrossSlices(t *testing.T) {
 	e := newRetentionEnv(t)
-	ctx := t.Context()
 	x := uuid.New()
 	xa, xb := dedup.Key{EventID: x, Handler: "a"}, dedup.Key{EventID: x, Handler: "b"}
 	old, cur, fresh := key(), key(), key()
 	if got := e.claim(xa, old); !got[0] || !got[1] {
 		t.Fatalf("claims in slice 0: %v", got)
 	}
-	e.age(0, time.Hour+time.Minute)
-	if res, err := e.retention(time.Hour).Step(ctx); err != nil || !res.Rotated {
-		t.Fatalf("rotation: %+v, %v", res, err)
-	}
+	e.rotate()
 	if got := e.claim(cur); !got[0] {
 		t.Fatal("a new key was not claimed in slice 1")
 	}
@@ -178,10 +184,7 @@ func TestLookupClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.age(0, time.Hour+time.Minute)
-	if res, err := e.retention(time.Hour).Step(ctx); err != nil || !res.Rotated {
-		t.Fatalf("rotation: %+v, %v", res, err)
-	}
+	e.rotate()
 	e.claim(cur)
 	var c dedup.Claims
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
