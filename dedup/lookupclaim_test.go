@@ -1,0 +1,225 @@
+package dedup_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// savepointOpen reports whether a savepoint onceflow_claim is open in tx,
+// leaving the transaction usable either way.
+func savepointOpen(t *testing.T, tx pgx.Tx) bool {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := tx.Exec(ctx, `SAVEPOINT probe`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := tx.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`)
+	if err == nil {
+		return true
+	}
+	if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT probe; RELEASE SAVEPOINT probe`); err != nil {
+		t.Fatal(err)
+	}
+	return false
+}
+
+// A LookupClaim that finds every key, and one that claims some, leave no
+// savepoint open, whatever the query exec mode.
+func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
+	base := sinktest.Pool(t)
+	schema := sinktest.Schema(t, base)
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := t.Context()
+			dsn := sinktest.DSN(t)
+			sep := "?"
+			if strings.Contains(dsn, "?") {
+				sep = "&"
+			}
+			cfg, err := pgxpool.ParseConfig(dsn + sep + "default_query_exec_mode=" + mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
+			y := dedup.Key{EventID: uuid.New(), Handler: "a"}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+			c, err := dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{x}, nil)
+			if err != nil || !c.Claimed[0] {
+				t.Fatalf("claim x: %+v, %v", c, err)
+			}
+			if savepointOpen(t, tx) {
+				t.Error("a savepoint onceflow_claim is open after a claim of new keys")
+			}
+			c, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{x, x}, nil)
+			if err != nil || c.Claimed[0] || !c.Found[0] {
+				t.Fatalf("claim x again: %+v, %v", c, err)
+			}
+			if savepointOpen(t, tx) {
+				t.Error("a savepoint onceflow_claim is open after a claim that found every key")
+			}
+			c, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{y, x}, nil)
+			if err != nil || !c.Claimed[0] || !c.Found[1] {
+				t.Fatalf("claim y, x: %+v, %v", c, err)
+			}
+			if savepointOpen(t, tx) {
+				t.Error("a savepoint onceflow_claim is open after a claim of y, x")
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// A LookupClaim whose first COPY meets a key a concurrent transaction
+// committed meanwhile rolls that COPY back, claims the rest in a second
+// one and leaves no savepoint open.
+func TestLookupClaimFirstCopyConflicts(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	b := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	c := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	hold, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := dedup.Claim(ctx, hold, schema, "kafka", "", []dedup.Key{b}, nil); err != nil || !got[0] {
+		t.Fatalf("hold b: %v, %v", got, err)
+	}
+	type result struct {
+		c    dedup.Claims
+		open bool
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			r.c, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{c, b}, nil)
+			if err == nil {
+				if _, err := tx.Exec(ctx, `SAVEPOINT probe`); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); err == nil {
+					r.open = true
+					return nil
+				}
+				_, err = tx.Exec(ctx, `ROLLBACK TO SAVEPOINT probe; RELEASE SAVEPOINT probe`)
+			}
+			return err
+		})
+		done <- r
+	}()
+	waitRowLockWaiters(t, pool)
+	if err := hold.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !r.c.Claimed[0] || r.c.Claimed[1] || r.c.Found[1] {
+		t.Errorf("claims of c, b: %+v; want c claimed, b neither claimed nor found", r.c)
+	}
+	if r.open {
+		t.Error("a savepoint onceflow_claim is open after a claim whose first COPY conflicted")
+	}
+}
+
+// waitRowLockWaiters waits until a session waits for a transaction's lock.
+func waitRowLockWaiters(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for range 1000 {
+		if sinktest.Count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted`) > 0 {
+			return
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatal("no session waited for the held key")
+}
+
+// LookupClaim's errors in its pipeline: a REPEATABLE READ transaction,
+// an empty slices table. Each is an error naming the problem.
+func TestLookupClaimPipelineErrors(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	x := dedup.Key{EventID: uuid.New(), Handler: "a"}
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{x}, nil)
+	if err == nil || !strings.Contains(err.Error(), "needs READ COMMITTED") {
+		t.Errorf("lookup claim in REPEATABLE READ: %v", err)
+	}
+	_ = tx.Rollback(ctx)
+
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{schema, "processed_events_slices"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{x}, nil)
+	if err == nil || !strings.Contains(err.Error(), "is empty (was it migrated?)") {
+		t.Errorf("lookup claim with no slices: %v, want an error naming the empty slices table", err)
+	}
+}
+
+// A LookupClaim that times out waiting for the slice lock (a rotation
+// holds it) returns the timeout.
+func TestLookupClaimLockTimeout(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	rot, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rot.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	if _, err := rot.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "onceflow.dedup.slices:"+schema); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = 50`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{{EventID: uuid.New(), Handler: "a"}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "lock timeout") {
+		t.Errorf("lookup claim while the slice lock is held: %v, want the lock timeout", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Errorf("rollback after the timeout: %v", err)
+	}
+}
