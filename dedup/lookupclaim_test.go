@@ -163,7 +163,8 @@ func waitRowLockWaiters(t *testing.T, pool *pgxpool.Pool) {
 }
 
 // LookupClaim's errors in its pipeline: a REPEATABLE READ transaction,
-// an empty slices table. Each is an error naming the problem.
+// an empty slices table. Each is an error naming the problem, and leaves
+// no savepoint open in the transaction, which the error did not abort.
 func TestLookupClaimPipelineErrors(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool)
@@ -176,6 +177,9 @@ func TestLookupClaimPipelineErrors(t *testing.T) {
 	_, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{x}, nil)
 	if err == nil || !strings.Contains(err.Error(), "needs READ COMMITTED") {
 		t.Errorf("lookup claim in REPEATABLE READ: %v", err)
+	}
+	if savepointOpen(t, tx) {
+		t.Error("a savepoint onceflow_claim is open after the REPEATABLE READ error")
 	}
 	_ = tx.Rollback(ctx)
 
@@ -190,6 +194,9 @@ func TestLookupClaimPipelineErrors(t *testing.T) {
 	_, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{x}, nil)
 	if err == nil || !strings.Contains(err.Error(), "is empty (was it migrated?)") {
 		t.Errorf("lookup claim with no slices: %v, want an error naming the empty slices table", err)
+	}
+	if savepointOpen(t, tx) {
+		t.Error("a savepoint onceflow_claim is open after the empty-slices error")
 	}
 }
 
