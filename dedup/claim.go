@@ -116,8 +116,15 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 	t.queueLock(b)
 	b.Queue(lookupSQL(t.processed), eventIDs(keys))
 	b.Queue(`SAVEPOINT onceflow_claim`)
-	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
+	current, opened, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
 	if err != nil {
+		// Refused after the savepoint was opened (the isolation, an empty
+		// slices table): the transaction goes on, without it.
+		if opened {
+			if _, rerr := q.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); rerr != nil {
+				err = fmt.Errorf("%w (then release the savepoint: %w)", err, rerr)
+			}
+		}
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	todo := distinctKeys(keys)
@@ -141,24 +148,30 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 }
 
 // lookupLocked reads the results of LookupClaim's pipeline into c and
-// returns the current slice.
-func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (int32, error) {
+// returns the current slice, and whether the pipeline's savepoint was
+// opened: it reads every result, so an error found in one (by the server
+// or here) does not keep it from telling.
+func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (current int32, opened bool, err error) {
 	defer br.Close()
-	current, _, err := t.readLock(br)
-	if err != nil {
-		return 0, err
+	current, _, err = t.readLock(br)
+	rows, qerr := br.Query()
+	if qerr == nil {
+		found, stored, lerr := readLookup(rows, keys)
+		if err == nil && lerr != nil {
+			err = lerr
+		}
+		c.Found, c.Stored = found, stored
+	} else if err == nil {
+		err = fmt.Errorf("look up claims: %w", qerr)
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return 0, fmt.Errorf("look up claims: %w", err)
+	_, serr := br.Exec()
+	if err == nil {
+		err = serr
 	}
-	if c.Found, c.Stored, err = readLookup(rows, keys); err != nil {
-		return 0, err
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
-	if _, err := br.Exec(); err != nil {
-		return 0, err
-	}
-	return current, br.Close()
+	return current, serr == nil, err
 }
 
 // write claims the keys at todo into the current slice and sets claimed[i]
