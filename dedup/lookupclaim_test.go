@@ -32,6 +32,26 @@ func savepointOpen(t *testing.T, tx pgx.Tx) bool {
 	return false
 }
 
+// modePool is a pool whose connections use the query exec mode.
+func modePool(t *testing.T, mode string) *pgxpool.Pool {
+	t.Helper()
+	dsn := sinktest.DSN(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	cfg, err := pgxpool.ParseConfig(dsn + sep + "default_query_exec_mode=" + mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // A LookupClaim that finds every key, and one that claims some, leave no
 // savepoint open, whatever the query exec mode.
 func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
@@ -40,20 +60,7 @@ func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := t.Context()
-			dsn := sinktest.DSN(t)
-			sep := "?"
-			if strings.Contains(dsn, "?") {
-				sep = "&"
-			}
-			cfg, err := pgxpool.ParseConfig(dsn + sep + "default_query_exec_mode=" + mode)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := modePool(t, mode)
 			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			y := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			tx, err := pool.Begin(ctx)
@@ -166,7 +173,12 @@ func waitRowLockWaiters(t *testing.T, pool *pgxpool.Pool) {
 // an empty slices table. Each is an error naming the problem, and leaves
 // no savepoint open in the transaction, which the error did not abort.
 func TestLookupClaimPipelineErrors(t *testing.T) {
-	pool := sinktest.Pool(t)
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) { lookupClaimPipelineErrors(t, modePool(t, mode)) })
+	}
+}
+
+func lookupClaimPipelineErrors(t *testing.T, pool *pgxpool.Pool) {
 	schema := sinktest.Schema(t, pool)
 	ctx := t.Context()
 	x := dedup.Key{EventID: uuid.New(), Handler: "a"}
@@ -203,7 +215,12 @@ func TestLookupClaimPipelineErrors(t *testing.T) {
 // A LookupClaim that times out waiting for the slice lock (a rotation
 // holds it) returns the timeout.
 func TestLookupClaimLockTimeout(t *testing.T) {
-	pool := sinktest.Pool(t)
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) { lookupClaimLockTimeout(t, modePool(t, mode)) })
+	}
+}
+
+func lookupClaimLockTimeout(t *testing.T, pool *pgxpool.Pool) {
 	schema := sinktest.Schema(t, pool)
 	ctx := t.Context()
 	rot, err := pool.Begin(ctx)
