@@ -1,12 +1,10 @@
 package dedup_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -22,24 +20,11 @@ func TestClaimExecModes(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := t.Context()
-			dsn := sinktest.DSN(t)
-			sep := "?"
-			if strings.Contains(dsn, "?") {
-				sep = "&"
-			}
-			cfg, err := pgxpool.ParseConfig(dsn + sep + "default_query_exec_mode=" + mode)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := modePool(t, mode)
 			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			y := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			d := dedup.PayloadDigest([]byte(mode))
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				if got, err := dedup.Claim(ctx, tx, schema, "kafka", "0af7651916cd43dd8448eb211c80319c", []dedup.Key{x}, []dedup.Digest{d}); err != nil || !got[0] {
 					t.Errorf("claim x: %v, %v", got, err)
 					return err
