@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -70,6 +72,10 @@ type Sample struct {
 type Mark struct {
 	T    float64 `json:"t"`
 	Kind string  `json:"kind"` // join | leave | crash | reset
+	// Took is how long the change took to return, in seconds: a leave
+	// drains the member's in-flight batches, a crash waits for the member
+	// to stop and its replacement to start.
+	Took float64 `json:"took,omitempty"`
 }
 
 type bench struct {
@@ -279,7 +285,9 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 	if err := drive(ctx, r, g, e, start); err != nil {
 		return nil, err
 	}
-	r.Seconds = time.Since(start).Seconds()
+	if r.Seconds == 0 { // drive may have set it when the stream was done
+		r.Seconds = time.Since(start).Seconds()
+	}
 	if err := g.StopAll(); err != nil {
 		return nil, err
 	}
@@ -297,7 +305,12 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 }
 
 // drive samples the run and changes its membership (storm) or rewinds it
-// (replay) until every record is committed (twice over, for replay).
+// (replay) until every record is committed (twice over, for replay). It
+// sets r.Seconds when the stream is done. A storm's changes run one at a
+// time in a goroutine drive owns and waits for: sampling, and noticing the
+// end of the stream, never wait for a member to leave (a leave drains the
+// member's in-flight batches). A change due while another runs starts when
+// that one returns.
 func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.Time) error {
 	since := func() float64 { return time.Since(start).Seconds() }
 	total := int64(r.Records)
@@ -309,23 +322,55 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 		defer t.Stop()
 		storm = t.C
 	}
-	changes, reset := 0, false
+	changed := make(chan changeResult, 1)
+	changes, busy, due := 0, false, false
+	startChange := func() {
+		changes++
+		busy, due = true, false
+		n, at := changes, since()
+		go func() {
+			m, err := stormChange(ctx, g, n, at)
+			changed <- changeResult{m, err}
+		}()
+	}
+	// finish waits for the change in flight, if any, and orders the marks.
+	finish := func(err error) error {
+		if busy {
+			c := <-changed
+			busy = false
+			r.Marks = append(r.Marks, c.mark)
+			err = errors.Join(err, c.err)
+		}
+		slices.SortStableFunc(r.Marks, func(a, b Mark) int { return cmp.Compare(a.T, b.T) })
+		return err
+	}
+	reset := false
 	lastLog := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return finish(ctx.Err())
 		case <-storm:
-			changes++
-			if err := stormChange(ctx, r, g, changes, since()); err != nil {
-				return err
+			if busy {
+				due = true
+				continue
+			}
+			startChange()
+		case c := <-changed:
+			busy = false
+			r.Marks = append(r.Marks, c.mark)
+			if c.err != nil {
+				return finish(c.err)
+			}
+			if due {
+				startChange()
 			}
 		case <-sample.C:
 			s := g.Stats()
 			r.Samples = append(r.Samples, Sample{since(), s.Applied, s.RecordsConsumed, s.SkippedLRU, s.SkippedPostgres})
 			done, err := e.committed(ctx)
 			if err != nil {
-				return err
+				return finish(err)
 			}
 			if time.Since(lastLog) > 2*time.Second {
 				progress("%s: %5.1fs committed %d/%d records, applied %d, skipped lru %d postgres %d",
@@ -334,40 +379,48 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 			}
 			if r.Name == "replay" && !reset && done >= total/2 {
 				reset = true
-				r.Marks = append(r.Marks, Mark{since(), "reset"}) // the stop is part of what recovers
+				r.Marks = append(r.Marks, Mark{T: since(), Kind: "reset"}) // the stop is part of what recovers
 				if err := b.rewind(ctx, g, e); err != nil {
 					return err
 				}
 				continue
 			}
 			if done >= total && (r.Name != "replay" || reset) {
-				return nil
+				r.Seconds = since()
+				return finish(nil)
 			}
 		}
 	}
 }
 
-// stormChange is the storm's n-th membership change: a member joins, the
-// oldest leaves, or (every third change, members.CrashTurn) the oldest
-// crashes and a replacement joins.
-func stormChange(ctx context.Context, r *Run, g *group, n int, at float64) error {
+// changeResult is what one storm change returns to drive.
+type changeResult struct {
+	mark Mark
+	err  error
+}
+
+// stormChange is the storm's n-th membership change, begun at (seconds
+// since the start): a member joins, the oldest leaves, or (every third
+// change, members.CrashTurn) the oldest crashes and a replacement joins.
+// Its mark records how long the change took.
+func stormChange(ctx context.Context, g *group, n int, at float64) (Mark, error) {
+	t := time.Now()
+	var kind string
+	var err error
 	switch {
 	case members.CrashTurn(n):
-		if _, err := g.Crash(); err != nil {
-			return err
+		kind = "crash"
+		if _, err = g.Crash(); err == nil {
+			_, err = g.Start(ctx)
 		}
-		r.Marks = append(r.Marks, Mark{at, "crash"})
-		_, err := g.Start(ctx)
-		return err
 	case n%3 == 1:
-		r.Marks = append(r.Marks, Mark{at, "join"})
-		_, err := g.Start(ctx)
-		return err
+		kind = "join"
+		_, err = g.Start(ctx)
 	default:
-		r.Marks = append(r.Marks, Mark{at, "leave"})
-		_, err := g.Leave()
-		return err
+		kind = "leave"
+		_, err = g.Leave()
 	}
+	return Mark{T: at, Kind: kind, Took: time.Since(t).Seconds()}, err
 }
 
 // rewind stops the group, moves its Kafka and Postgres offsets back to the
