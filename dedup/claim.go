@@ -318,6 +318,7 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 		}
 	}
 	j := 0
+	row := []any{nil, nil, c.bus, c.trace, nil, c.slice} // reused: COPY encodes each row before asking for the next
 	n, err := q.CopyFrom(ctx, pgx.Identifier{t.schema, sliceName(c.slice)}, claimColumns,
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if j == len(c.todo) {
@@ -325,7 +326,8 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 			}
 			i := c.todo[j]
 			j++
-			return []any{[16]byte(c.keys[i].EventID), c.keys[i].Handler, c.bus, c.trace, c.digest(i), c.slice}, nil
+			row[0], row[1], row[4] = pgtype.UUID{Bytes: c.keys[i].EventID, Valid: true}, c.keys[i].Handler, c.digest(i)
+			return row, nil
 		}))
 	// A row COPY did not write (a trigger on processed_events that skips
 	// it) is no claim: rolled back, the keys go to the insert, whose

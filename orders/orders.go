@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/migrate"
@@ -146,9 +147,11 @@ func Subject(o Order) string { return fmt.Sprintf("Order confirmation: %d item(s
 // applyEmail writes one emails_sent row per order by binary COPY, the
 // cheapest insert Postgres has (the table has no unique key to conflict on).
 func applyEmail(ctx context.Context, tx pgx.Tx, table pgx.Identifier, events []sink.Event, orders []Order) error {
+	row := make([]any, 3) // reused: COPY encodes each row before asking for the next
 	_, err := tx.CopyFrom(ctx, table, []string{"event_id", "user_id", "subject"},
 		pgx.CopyFromSlice(len(events), func(i int) ([]any, error) {
-			return []any{[16]byte(events[i].ID), orders[i].UserID, Subject(orders[i])}, nil
+			row[0], row[1], row[2] = pgtype.UUID{Bytes: events[i].ID, Valid: true}, orders[i].UserID, Subject(orders[i])
+			return row, nil
 		}))
 	return err
 }

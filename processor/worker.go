@@ -286,7 +286,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
 	cfg := &w.c.cfg
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
-		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID}
+		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: make([]sink.Event, 0, len(recs))}
 	var links []trace.Link
 	for _, r := range recs {
 		ev, err := Decode(r, cfg.Decode)
