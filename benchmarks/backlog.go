@@ -117,6 +117,7 @@ var compressions = map[string]kgo.CompressionCodec{"none": kgo.NoCompression(), 
 // BacklogReport is the backlog run's results.json.
 type BacklogReport struct {
 	Command      string            `json:"command"`
+	Build        string            `json:"build"` // see build
 	Machine      string            `json:"machine"`
 	Broker       string            `json:"broker"`
 	Handlers     []string          `json:"handlers"`
@@ -183,7 +184,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	if o.brokers != "" {
 		broker = "Apache Kafka at " + o.brokers
 	}
-	rep := &BacklogReport{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Machine: machine(), Broker: broker,
+	rep := &BacklogReport{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Build: build(o.bin), Machine: machine(), Broker: broker,
 		Handlers: o.handlers, Partitions: o.partitions, StartedAt: time.Now().UTC(), MemberEnv: nonNil(o.memberEnv),
 		Postgres: pgSettings(ctx, e.pool)}
 

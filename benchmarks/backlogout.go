@@ -36,8 +36,8 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func backlogMarkdown(rep *BacklogReport) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Command: `%s`  \nMachine: %s  \nBroker: %s; %d partitions; handlers: %s; started %s  \n",
-		rep.Command, rep.Machine, rep.Broker, rep.Partitions, strings.Join(rep.Handlers, ", "), rep.StartedAt.Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Command: `%s`  \nBuild: %s  \nMachine: %s  \nBroker: %s; %d partitions; handlers: %s; started %s  \n",
+		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.Broker, rep.Partitions, strings.Join(rep.Handlers, ", "), rep.StartedAt.Format("2006-01-02 15:04 UTC"))
 	keys := make([]string, 0, len(rep.Postgres))
 	for k := range rep.Postgres {
 		keys = append(keys, k)

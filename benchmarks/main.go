@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -114,6 +115,7 @@ func envOr(k, d string) string {
 // Report is results.json.
 type Report struct {
 	Command   string    `json:"command"`
+	Build     string    `json:"build"` // see build
 	Machine   string    `json:"machine"`
 	Broker    string    `json:"broker"`
 	Handlers  []string  `json:"handlers"`
@@ -193,7 +195,7 @@ func run(ctx context.Context, o options) error {
 	if o.brokers != "" {
 		broker = "Apache Kafka at " + o.brokers
 	}
-	rep := &Report{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Machine: machine(),
+	rep := &Report{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Build: build(""), Machine: machine(),
 		Broker: broker, Handlers: o.handlers, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
@@ -262,6 +264,21 @@ func replot(from, out string) error {
 		return fmt.Errorf("%s: %w", from, err)
 	}
 	return writeOutputs(out, &rep)
+}
+
+// build names the code a run measures: the commit checked out where the
+// benchmark runs, "+dirty" with uncommitted changes; with bin (a prebuilt
+// member binary), that binary's path too, whose code may differ.
+func build(bin string) string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty=+dirty", "--abbrev=7").Output()
+	s := strings.TrimSpace(string(out))
+	if err != nil || s == "" {
+		s = "unknown (not run from a git checkout)"
+	}
+	if bin != "" {
+		s += "; members run " + bin
+	}
+	return s
 }
 
 func machine() string {

@@ -32,8 +32,8 @@ func writeOutputs(dir string, rep *Report) error {
 
 func markdown(rep *Report) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Command: `%s`  \nMachine: %s  \nBroker: %s; handlers: %s; started %s\n\n",
-		rep.Command, rep.Machine, rep.Broker, strings.Join(rep.Handlers, ", "), rep.StartedAt.Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Command: `%s`  \nBuild: %s  \nMachine: %s  \nBroker: %s; handlers: %s; started %s\n\n",
+		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.Broker, strings.Join(rep.Handlers, ", "), rep.StartedAt.Format("2006-01-02 15:04 UTC"))
 	b.WriteString("| run | records | unique events | seconds | unique events/s | records consumed/s | skipped LRU / Postgres | batch p50 / p99 ms | changes | recovery median / max ms | peak RSS MiB | exactly once |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rep.Runs {
@@ -165,4 +165,12 @@ func writeProfiles(b *strings.Builder, rep *Report) {
 			}
 		}
 	}
+}
+
+// or is s, or def when s is empty (a results.json written before s existed).
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

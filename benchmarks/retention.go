@@ -55,6 +55,7 @@ type RetentionSample struct {
 // RetentionReport is retention.json.
 type RetentionReport struct {
 	Command   string            `json:"command"`
+	Build     string            `json:"build"` // see build
 	Machine   string            `json:"machine"`
 	StartedAt time.Time         `json:"started_at"`
 	Horizon   string            `json:"horizon"`
@@ -184,7 +185,7 @@ func runRetention(ctx context.Context, o retentionOptions) (*RetentionReport, er
 		return nil, err
 	}
 	rr := &retentionRun{o: o, pool: pool, schema: schema, w: w}
-	rep := &RetentionReport{Command: "go run ./benchmarks retention " + strings.Join(redactDSN(os.Args[2:]), " "), Machine: machine(),
+	rep := &RetentionReport{Command: "go run ./benchmarks retention " + strings.Join(redactDSN(os.Args[2:]), " "), Build: build(""), Machine: machine(),
 		StartedAt: time.Now().UTC(), Horizon: o.horizon.String(), Slices: o.slices, Width: ret.Width().String()}
 	progress("retention: horizon %v in %d slice(s) of %v, %d writers, %v", o.horizon, o.slices, ret.Width(), o.partitions, o.duration)
 
@@ -345,8 +346,8 @@ func writeRetention(dir string, rep *RetentionReport) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Dedup retention: processed_events size under steady load\n\n`%s` — %s, started %s.\n\n",
-		rep.Command, rep.Machine, rep.StartedAt.Format(time.RFC3339))
+	fmt.Fprintf(&b, "# Dedup retention: processed_events size under steady load\n\n`%s` — build %s — %s, started %s.\n\n",
+		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.StartedAt.Format(time.RFC3339))
 	fmt.Fprintf(&b, "Horizon %s in %d slice(s) of %s; %.1f turn-overs; %.0f new events/s; %d redeliveries (each within half the horizon), hit rate %.4f; exactly once: %v.\n\n",
 		rep.Horizon, rep.Slices, rep.Width, rep.Cycles, rep.EventsPerSec, rep.Duplicates, rep.HitRate, rep.ExactlyOnce)
 	fmt.Fprintf(&b, "Largest size in the second turn-over: %.1f MiB (%d rows); after it: %.1f MiB (%d rows).\n\n",
