@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -237,16 +238,21 @@ func distinctKeys(keys []Key) []int {
 	for i := range todo {
 		todo[i] = i
 	}
-	slices.SortStableFunc(todo, func(a, b int) int {
+	// Ties broken by index, so that a key's first copy sorts first; an
+	// unstable sort with a total order is the stable sort, only cheaper.
+	slices.SortFunc(todo, func(a, b int) int {
 		if c := bytes.Compare(keys[a].EventID[:], keys[b].EventID[:]); c != 0 {
 			return c
 		}
-		return strings.Compare(keys[a].Handler, keys[b].Handler)
+		if c := strings.Compare(keys[a].Handler, keys[b].Handler); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
 	})
 	out := todo[:0]
 	for j, i := range todo {
 		if j > 0 && keys[i] == keys[out[len(out)-1]] {
-			continue // a later copy: stable order keeps the first one first
+			continue // a later copy: the first one sorts first
 		}
 		out = append(out, i)
 	}
