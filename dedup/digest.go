@@ -95,7 +95,7 @@ func eventIDs(keys []Key) []pgtype.UUID {
 
 // readLookup reads lookupSQL's rows into Lookup's results for keys.
 func readLookup(rows pgx.Rows, keys []Key) ([]bool, []Digest, error) {
-	stored := make(map[Key]Digest, len(keys)) // at most one row per key
+	stored := make(map[Key]Digest, len(keys)) // a row per key found, and other handlers' rows of the same events
 	var id [16]byte
 	var handler string
 	var d []byte
