@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -671,10 +672,12 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 }
 
 // watchBrokers asks the brokers every few seconds whether they answer and
-// publishes the answer through Ready, logging each change.
+// publishes the answer through Ready, logging each change; when they
+// answer, it checks the consumed topics too (checkTopics).
 func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 	const every = 3 * time.Second
 	var last error = ErrNotStarted
+	topics := map[string]string{}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, every)
 		err := cl.Ping(pctx)
@@ -693,10 +696,46 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 			c.log.Info("kafka brokers answer", "brokers", c.cfg.Brokers)
 		}
 		last = err
+		if err == nil {
+			c.checkTopics(ctx, cl, topics)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
+		}
+	}
+}
+
+// checkTopics asks the brokers about the consumed topics and logs each
+// change of what they say, once: a topic they do not have (a typo, or one
+// not created yet — the member consumes it once it exists, and says so),
+// or whose metadata they refuse (an ACL). state holds, per topic, what
+// was said last ("" for a topic that exists).
+func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]string) {
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	details, err := kadm.NewClient(cl).ListTopics(tctx, c.cfg.Topics...)
+	cancel()
+	if err != nil {
+		return // asked again next time
+	}
+	for _, topic := range c.cfg.Topics {
+		now := ""
+		if d, ok := details[topic]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+			now = "missing"
+		} else if d.Err != nil {
+			now = d.Err.Error()
+		}
+		was, seen := state[topic]
+		state[topic] = now
+		switch {
+		case now == was:
+		case now == "missing":
+			c.log.Warn("consumed topic does not exist; the member waits for it to be created", "topic", topic, "brokers", c.cfg.Brokers)
+		case now != "":
+			c.log.Warn("the brokers refuse the consumed topic's metadata", "topic", topic, "err", now)
+		case seen:
+			c.log.Info("consumed topic exists now", "topic", topic)
 		}
 	}
 }

@@ -675,6 +675,19 @@ func (l *logRecorder) find(level slog.Level, s string) (map[string]string, bool)
 	return nil, false
 }
 
+// count returns how many records at level have a message containing s.
+func (l *logRecorder) count(level slog.Level, s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for i, r := range l.recs {
+		if l.lvls[i] == level && strings.Contains(r["msg"], s) {
+			n++
+		}
+	}
+	return n
+}
+
 func (l *logRecorder) messages() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
