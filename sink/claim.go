@@ -90,6 +90,41 @@ func (w *Writer) lostDigests(ctx context.Context, tx pgx.Tx, keys []pending, tod
 	return nil
 }
 
+// hold makes tx hold every key of keys until it ends without claiming
+// any, so that the isolating transaction, which claims group by group in
+// its batch's order, takes all its locks on processed_events in the order
+// every claim takes them (byte order), and before any handler runs: no
+// two claiming transactions then wait for each other in a cycle.
+//
+// It claims the keys in one dedup.LookupClaim, which writes in byte order
+// and waits, as any claim does, for a concurrent transaction that holds
+// one, then takes back the claims it made (dedup.Unclaim). A row tx
+// inserted and deleted stays locked until tx ends: a concurrent claim of
+// its key waits for tx (the unique index meets a row of a transaction in
+// progress), while tx's own statements see no row, and claim the key
+// again, or not, as if hold had not run, without waiting. A key hold did
+// not claim is a committed claim (found, or lost to a transaction that
+// committed), or a later copy of one it did: none makes tx wait again.
+func (w *Writer) hold(ctx context.Context, tx pgx.Tx, keys []pending) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	ctx, span := w.tracer.Start(ctx, "dedup.hold", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
+	ks := keysAt(keys, nil)
+	c, err := dedup.LookupClaim(ctx, tx, w.cfg.Schema, w.cfg.Bus, "", ks, nil)
+	if err == nil {
+		var undo []dedup.Key
+		for i, won := range c.Claimed {
+			if won {
+				undo = append(undo, ks[i])
+			}
+		}
+		err = dedup.Unclaim(ctx, tx, w.processed, undo)
+	}
+	endSpan(span, err)
+	return err
+}
+
 // keysAt returns the keys of keys at the indexes at; all of them when at is
 // nil.
 func keysAt(keys []pending, at []int) []dedup.Key {

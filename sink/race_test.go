@@ -26,7 +26,8 @@ func TestWriteConcurrentDuplicates(t *testing.T) {
 // The same with a handler that fails on some events, so that both members
 // isolate them at once, each in its batch's order: no batch fails (no
 // deadlock between the isolating transactions, nor between one and the
-// other member's first transaction), and each key is applied at most once.
+// other member's first transaction); the culprits are dead letters on both
+// partitions and leave no claim, every other key applies once.
 func TestWriteConcurrentDuplicatesIsolating(t *testing.T) {
 	testConcurrentDuplicates(t, true)
 }

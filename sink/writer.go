@@ -283,7 +283,11 @@ func (o *outcome) merge(p outcome) {
 // fails on its own becomes a dead letter with the SQLSTATE and message as
 // its reason; all the others apply. k bad events among n cost O(k·log n)
 // savepoints and two transactions. A dead-lettered event applies nothing
-// for any handler.
+// for any handler, and leaves no claim. The isolating transaction locks
+// all of the batch's keys at once before its first savepoint, in the byte
+// order every claim writes in, so it deadlocks with no other batch's
+// claims, isolating or not; a concurrent batch that shares keys with it
+// waits for its COMMIT.
 //
 // Errors: a *FencedError (errors.Is ErrFenced) when the compare-and-set on
 // (epoch, offset) fails; otherwise the transaction's error, wrapped; use
@@ -619,14 +623,23 @@ const savepoint = "onceflow_isolate"
 
 // isolate applies todo event by event group under savepoints, halving
 // groups that fail with a data error until each culprit is alone, and
-// turns the culprits into dead letters. Constraints are checked
-// immediately, so a deferred constraint fails inside the savepoint of the
-// events that violate it rather than at COMMIT. A non-data error ends the
-// isolation and is returned.
+// turns the culprits into dead letters. Each group claims its keys inside
+// its savepoint, in the batch's order of the groups: a group rolled back
+// leaves no claim, and a culprit's claims are never kept. Before the
+// first group, every key of todo is held at once, in byte order (see
+// hold), so that no group waits for another transaction's claim:
+// two members isolating overlapping batches do not deadlock. Constraints
+// are checked immediately, so a deferred constraint fails inside the
+// savepoint of the events that violate it rather than at COMMIT. A
+// non-data error ends the isolation and is returned.
 func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending) (outcome, error) {
 	ctx, span := w.tracer.Start(ctx, "sink.isolate")
 	defer span.End()
 	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+		return outcome{}, fmt.Errorf("isolate: %w", err)
+	}
+	if err := w.hold(ctx, tx, todo); err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		return outcome{}, fmt.Errorf("isolate: %w", err)
 	}
 	byEvent := map[int][]pending{}
