@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -270,5 +271,66 @@ func TestWriteIsolatesDeferredConstraint(t *testing.T) {
 	}
 	if c := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.refs`); c != 9 {
 		t.Errorf("refs rows = %d, want 9", c)
+	}
+}
+
+// An event twice in a batch (a corrected version after the first) whose
+// first copy fails alone: the first copy is a dead letter and leaves no
+// claim; the second claims the key inside the isolating transaction, with
+// its own payload's digest, and applies once. The keys the isolating
+// transaction holds before its first savepoint are no claims of its own.
+func TestWriteIsolatesFirstCopyOfRepeat(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	effects := pgx.Identifier{schema, "effects"}.Sanitize()
+	exec(t, pool, `CREATE TABLE `+effects+` (event_id uuid, "offset" bigint)`)
+	h := sink.HandlerFunc("h", func(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+		ids, offsets := make([]uuid.UUID, len(events)), make([]int64, len(events))
+		for i, e := range events {
+			if e.Offset == 0 {
+				_, err := tx.Exec(ctx, `SELECT 1/0`)
+				return err
+			}
+			ids[i], offsets[i] = e.ID, e.Offset
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` SELECT * FROM unnest($1::uuid[], $2::bigint[])`, ids, offsets)
+		return err
+	})
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: []sink.Handler{h}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := take(t, w)
+	e, f := uuid.New(), uuid.New()
+	vals := [][]byte{[]byte(`{"v":1}`), []byte(`{"v":2}`), []byte(`{}`)}
+	res, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 3,
+		Events: events(0, []uuid.UUID{e, e, f}, vals)})
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if res.Attempts != 2 || res.Applied != 2 || res.Conflicts != 0 || len(res.Rejected) != 1 || res.Rejected[0].Offset != 0 {
+		t.Errorf("result: attempts %d, applied %d, conflicts %d, dead letters %+v; want 2, 2, 0, offset 0",
+			res.Attempts, res.Applied, res.Conflicts, res.Rejected)
+	}
+	for _, c := range []struct {
+		what string
+		sql  string
+		want int64
+	}{
+		{"effects of offset 1", `SELECT count(*) FROM ` + effects + ` WHERE event_id = $1 AND "offset" = 1`, 1},
+		{"effects of the event", `SELECT count(*) FROM ` + effects + ` WHERE event_id = $1`, 1},
+		{"claims of the event", `SELECT count(*) FROM ` + schema + `.processed_events WHERE event_id = $1`, 1},
+		{"dead letters of the event", `SELECT count(*) FROM ` + schema + `.dead_letters WHERE event_id = $1 AND "offset" = 0`, 1},
+	} {
+		if n := sinktest.Count(t, pool, c.sql, e); n != c.want {
+			t.Errorf("%s: %d, want %d", c.what, n, c.want)
+		}
+	}
+	var stored []byte
+	if err := pool.QueryRow(t.Context(), `SELECT payload_digest FROM `+schema+`.processed_events WHERE event_id = $1`, e).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if want := dedup.PayloadDigest(vals[1]); string(stored) != string(want[:]) {
+		t.Errorf("stored digest %x, want the second copy's %x", stored, want)
 	}
 }
