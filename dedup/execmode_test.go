@@ -20,7 +20,7 @@ func TestClaimExecModes(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := t.Context()
-			pool := modePool(t, mode)
+			pool := sinktest.ModePool(t, mode)
 			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			y := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			d := dedup.PayloadDigest([]byte(mode))

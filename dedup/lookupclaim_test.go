@@ -32,26 +32,6 @@ func savepointOpen(t *testing.T, tx pgx.Tx) bool {
 	return false
 }
 
-// modePool is a pool whose connections use the query exec mode.
-func modePool(t *testing.T, mode string) *pgxpool.Pool {
-	t.Helper()
-	dsn := sinktest.DSN(t)
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	cfg, err := pgxpool.ParseConfig(dsn + sep + "default_query_exec_mode=" + mode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // A LookupClaim that finds every key, and one that claims some, leave no
 // savepoint open, whatever the query exec mode.
 func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
@@ -60,7 +40,7 @@ func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			ctx := t.Context()
-			pool := modePool(t, mode)
+			pool := sinktest.ModePool(t, mode)
 			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			y := dedup.Key{EventID: uuid.New(), Handler: "a"}
 			tx, err := pool.Begin(ctx)
@@ -174,7 +154,7 @@ func waitRowLockWaiters(t *testing.T, pool *pgxpool.Pool) {
 // no savepoint open in the transaction, which the error did not abort.
 func TestLookupClaimPipelineErrors(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
-		t.Run(mode, func(t *testing.T) { lookupClaimPipelineErrors(t, modePool(t, mode)) })
+		t.Run(mode, func(t *testing.T) { lookupClaimPipelineErrors(t, sinktest.ModePool(t, mode)) })
 	}
 }
 
@@ -216,7 +196,7 @@ func lookupClaimPipelineErrors(t *testing.T, pool *pgxpool.Pool) {
 // holds it) returns the timeout.
 func TestLookupClaimLockTimeout(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
-		t.Run(mode, func(t *testing.T) { lookupClaimLockTimeout(t, modePool(t, mode)) })
+		t.Run(mode, func(t *testing.T) { lookupClaimLockTimeout(t, sinktest.ModePool(t, mode)) })
 	}
 }
 

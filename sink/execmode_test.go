@@ -1,11 +1,9 @@
 package sink_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -21,16 +19,7 @@ func TestWriteExecModes(t *testing.T) {
 	exec(t, base, `CREATE TABLE `+table+` (event_id uuid, payload jsonb)`)
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
-			dsn := sinktest.DSN(t)
-			sep := "?"
-			if strings.Contains(dsn, "?") {
-				sep = "&"
-			}
-			pool, err := pgxpool.New(t.Context(), dsn+sep+"default_query_exec_mode="+mode)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := sinktest.ModePool(t, mode)
 			h := newSQLHandler(t, sink.SQLHandlerConfig{Name: "copy", SQL: `INSERT INTO ` + table + ` SELECT event_id, payload FROM events`})
 			topic := "t_" + mode
 			w, epoch := sqlWriter(t, pool, schema, topic, h)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,6 +46,32 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		t.Fatalf("ping test Postgres: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// ModeDSN returns the test database's DSN with its default_query_exec_mode
+// set to mode: cache_statement, cache_describe, describe_exec, exec or
+// simple_protocol. Behind a transaction pooler a DSN sets exec or
+// simple_protocol, where parameters are sent as text and a Go type with no
+// text encoding (an array of [16]byte, say) fails.
+func ModeDSN(t testing.TB, mode string) string {
+	t.Helper()
+	dsn := DSN(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "default_query_exec_mode=" + mode
+}
+
+// ModePool returns a pool on ModeDSN(t, mode), closed at cleanup.
+func ModePool(t testing.TB, mode string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), ModeDSN(t, mode))
+	if err != nil {
+		t.Fatalf("connect to test Postgres in mode %s: %v", mode, err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
