@@ -156,10 +156,16 @@ func (e *env) runUntil(n int64, handlers ...string) processor.Stats {
 
 func (e *env) replayer(horizon time.Duration, handlers ...string) *replay.Replayer {
 	e.t.Helper()
+	return e.replayerOn(e.pool, horizon, handlers...)
+}
+
+// replayerOn is replayer on pool.
+func (e *env) replayerOn(pool *pgxpool.Pool, horizon time.Duration, handlers ...string) *replay.Replayer {
+	e.t.Helper()
 	if len(handlers) == 0 {
 		handlers = orders.Names
 	}
-	r, err := replay.New(replay.Config{Pool: e.pool, Brokers: e.seeds, Schema: e.schema, Group: e.group,
+	r, err := replay.New(replay.Config{Pool: pool, Brokers: e.seeds, Schema: e.schema, Group: e.group,
 		Topics: []string{e.topic}, Handlers: handlers, Horizon: horizon,
 		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}})
 	if err != nil {
@@ -318,6 +324,37 @@ func TestBackfillOneHandler(t *testing.T) {
 			if (p.ReplayedBy != 0) != (p.Handler == orders.Recommender) {
 				t.Errorf("audit: %s replayed_by = %d; want a replay id for the backfilled handler only", p.Handler, p.ReplayedBy)
 			}
+		}
+	})
+}
+
+// A dry run counts whatever default_query_exec_mode the replayer's DSN
+// sets: behind a transaction pooler (exec, simple_protocol) its look-up
+// of processed_events sends the event ids as text.
+func TestCountExecModes(t *testing.T) {
+	eachBroker(t, func(t *testing.T, seeds []string) {
+		e := newEnv(t, seeds)
+		s := stream(t, 30)
+		e.produce(s.Messages, time.Now())
+		total := int64(len(s.Messages))
+		siblings := []string{orders.Email, orders.Inventory, orders.Analytics}
+		e.runUntil(total, siblings...)
+		for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+			t.Run(mode, func(t *testing.T) {
+				r := e.replayerOn(sinktest.ModePool(t, mode), 0)
+				req := replay.Request{Backfill: orders.Recommender}
+				plan, err := r.Plan(t.Context(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := r.Count(t.Context(), plan); err != nil {
+					t.Fatal(err)
+				}
+				if records, pairs := totals(plan); records != total || pairs[orders.Recommender].Applied != int64(len(s.Unique)) || pairs[orders.Email].Applied != 0 {
+					t.Errorf("dry run: %d records, %+v; want %d records, %d applied for %s and none for the others",
+						records, pairs, total, len(s.Unique), orders.Recommender)
+				}
+			})
 		}
 	})
 }

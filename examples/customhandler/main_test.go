@@ -14,18 +14,41 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
-// The example builds, runs against the test database, says every effect
-// happened exactly once, and the tables agree.
 // TestMain checks that no goroutine outlives the tests.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// The example builds, runs against the test database, says every effect
+// happened exactly once, and the tables agree — also when its DSN sets the
+// exec or simple_protocol query mode, as behind a transaction pooler.
 func TestExampleRuns(t *testing.T) {
-	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
+	bin := filepath.Join(t.TempDir(), "customhandler")
+	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, mode := range []string{"", "exec", "simple_protocol"} {
+		name := mode
+		if name == "" {
+			name = "dsn"
+		}
+		t.Run(name, func(t *testing.T) {
+			dsn := sinktest.DSN(t)
+			if mode != "" {
+				dsn = sinktest.ModeDSN(t, mode)
+			}
+			runExample(t, bin, dsn, pool)
+		})
+	}
+}
+
+// runExample runs the example built at bin against dsn, in a fresh schema,
+// and checks its output and tables through pool.
+func runExample(t *testing.T, bin, dsn string, pool *pgxpool.Pool) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	schema := "test_example_" + hex.EncodeToString(b[:])
@@ -34,11 +57,6 @@ func TestExampleRuns(t *testing.T) {
 		defer cancel()
 		_, _ = pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
 	})
-
-	bin := filepath.Join(t.TempDir(), "customhandler")
-	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(t.Context(), bin, "-dsn", dsn, "-schema", schema, "-payments", "600", "-timeout", "90s")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
