@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/dedup"
@@ -79,9 +80,12 @@ func (r *Replayer) countChunk(ctx context.Context, plan *Plan, index map[TopicPa
 	if len(chunk) == 0 {
 		return nil
 	}
-	ids := make([][16]byte, len(chunk))
+	// pgtype.UUID, not [16]byte: under the exec and simple_protocol query
+	// modes (a DSN behind a transaction pooler) parameters are sent as
+	// text, and an array of [16]byte has no text encoding.
+	ids := make([]pgtype.UUID, len(chunk))
 	for i, c := range chunk {
-		ids[i] = c.id
+		ids[i] = pgtype.UUID{Bytes: c.id, Valid: true}
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()

@@ -33,6 +33,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -98,7 +99,10 @@ func ledger(schema string) sink.Handler {
 	ledgerTable := pgx.Identifier{schema, "ledger"}.Sanitize()
 	balances := pgx.Identifier{schema, "balances"}.Sanitize()
 	return sink.HandlerFunc("ledger", func(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
-		ids := make([]uuid.UUID, len(events))
+		// pgtype.UUID, not uuid.UUID: a DSN behind a transaction pooler
+		// sets the exec or simple_protocol query mode, where parameters
+		// are sent as text and an array of uuid.UUID has no text encoding.
+		ids := make([]pgtype.UUID, len(events))
 		accounts := make([]string, len(events))
 		cents := make([]int64, len(events))
 		for i, e := range events {
@@ -106,7 +110,7 @@ func ledger(schema string) sink.Handler {
 			if err := json.Unmarshal(e.Value, &p); err != nil || p.Account == "" || p.Cents <= 0 {
 				return &sink.RejectError{EventID: e.ID, Reason: "not a payment: an account and positive cents are required"}
 			}
-			ids[i], accounts[i], cents[i] = e.ID, p.Account, p.Cents
+			ids[i], accounts[i], cents[i] = pgtype.UUID{Bytes: e.ID, Valid: true}, p.Account, p.Cents
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+ledgerTable+` (event_id, account, cents)
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[])`, ids, accounts, cents); err != nil {
