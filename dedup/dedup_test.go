@@ -2,12 +2,15 @@ package dedup_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -421,5 +424,64 @@ func TestClaimFallbackLeavesNoSavepoint(t *testing.T) {
 	}
 	if savepointOpen(t, tx) {
 		t.Error("a savepoint onceflow_claim is still open after the claim")
+	}
+}
+
+// A unique violation that is not of processed_events' primary key — here
+// a unique index a user added on (handler, payload_digest) — is no
+// concurrent claim: Claim and LookupClaim return it from their first COPY
+// as the error it is, without looking the keys up and COPYing again.
+func TestClaimOtherUniqueViolation(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	table := pgx.Identifier{schema, "processed_events"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX digest_once ON `+table+` (handler, payload_digest, slice)`); err != nil {
+		t.Fatal(err)
+	}
+	d := dedup.PayloadDigest([]byte("same payload"))
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{{EventID: uuid.New(), Handler: "a"}}, []dedup.Digest{d})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		claim func(ctx context.Context, tx pgx.Tx, keys []dedup.Key) error
+	}{
+		{"Claim", func(ctx context.Context, tx pgx.Tx, keys []dedup.Key) error {
+			_, err := dedup.Claim(ctx, tx, schema, "kafka", "", keys, []dedup.Digest{d})
+			return err
+		}},
+		{"LookupClaim", func(ctx context.Context, tx pgx.Tx, keys []dedup.Key) error {
+			_, err := dedup.LookupClaim(ctx, tx, schema, "kafka", "", keys, []dedup.Digest{d})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
+			claimCtx, span := tracer.Start(ctx, "claim")
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+			err = tc.claim(claimCtx, tx, []dedup.Key{{EventID: uuid.New(), Handler: "a"}})
+			span.End()
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23505" || !strings.Contains(pgErr.ConstraintName, "payload_digest") {
+				t.Fatalf("claim of another event with the same digest: %v; want the unique violation of the added index", err)
+			}
+			for _, s := range rec.Ended() {
+				for _, a := range s.Attributes() {
+					if a.Key == "onceflow.claim.copy_conflicts" {
+						t.Errorf("copy conflicts recorded: %d, want none (the violation is not of the primary key)", a.Value.AsInt64())
+					}
+				}
+			}
+		})
 	}
 }

@@ -382,19 +382,37 @@ func TestRetentionValidate(t *testing.T) {
 	}
 }
 
-// Claim refuses a transaction that is not READ COMMITTED: a snapshot taken
-// before a rotation committed would claim in the old slice.
+// Claim and LookupClaim refuse a transaction that is not READ COMMITTED:
+// a snapshot taken before a rotation committed would claim in the old
+// slice. The error says so once, in context.
 func TestClaimNeedsReadCommitted(t *testing.T) {
 	e := newRetentionEnv(t)
 	ctx := t.Context()
-	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck
-	_, err = dedup.Claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{key()}, nil)
-	if err == nil || !strings.Contains(err.Error(), "needs READ COMMITTED") {
-		t.Fatalf("claim in a REPEATABLE READ transaction: %v, want an error naming READ COMMITTED", err)
+	const want = "claim events: the transaction is REPEATABLE READ; a claim needs READ COMMITTED"
+	for _, tc := range []struct {
+		name  string
+		claim func(tx pgx.Tx) error
+	}{
+		{"Claim", func(tx pgx.Tx) error {
+			_, err := dedup.Claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{key()}, nil)
+			return err
+		}},
+		{"LookupClaim", func(tx pgx.Tx) error {
+			_, err := dedup.LookupClaim(ctx, tx, e.schema, "kafka", "", []dedup.Key{key()}, nil)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background()) //nolint:errcheck
+			err = tc.claim(tx)
+			if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Count(err.Error(), "claim events") != 1 {
+				t.Fatalf("claim in a REPEATABLE READ transaction: %v; want an error starting %q", err, want)
+			}
+		})
 	}
 }
 
