@@ -348,7 +348,7 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 		return false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("copy claims into %s: %w", sliceName(c.slice), err)
 	}
 	if _, err := q.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); err != nil {
 		return false, err
@@ -377,7 +377,7 @@ ORDER BY k.j
 ON CONFLICT (event_id, handler, slice) DO NOTHING
 RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 	if err != nil {
-		return err
+		return fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
 	won := make(map[Key]struct{}, len(c.todo))
 	var id [16]byte
@@ -387,7 +387,7 @@ RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 		return nil
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
 	for _, i := range c.todo {
 		if _, ok := won[c.keys[i]]; ok {

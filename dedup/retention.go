@@ -75,7 +75,7 @@ func (t tables) readLock(br pgx.BatchResults) (current, oldest int32, err error)
 	if isolation != "read committed" {
 		// A snapshot taken before the lock was granted would miss a
 		// rotation that committed meanwhile, and claim in the old slice.
-		return 0, 0, fmt.Errorf("claim events: the transaction is %s; Claim needs READ COMMITTED (its reads must see a rotation that committed while it waited)", strings.ToUpper(isolation))
+		return 0, 0, fmt.Errorf("the transaction is %s; a claim needs READ COMMITTED (its reads must see a rotation that committed while it waited)", strings.ToUpper(isolation))
 	}
 	if cur == nil || old == nil {
 		return 0, 0, fmt.Errorf("read the current dedup slice: %s is empty (was it migrated?)", t.slices)
