@@ -316,7 +316,10 @@ var claimColumns = []string{"event_id", "handler", "bus", "trace_id", "payload_d
 // The savepoint is released either way. false: some key of c is in the slice already (committed, or
 // inserted by a transaction that committed while the COPY waited for
 // it), or the COPY wrote fewer rows than c has, the COPY was rolled back
-// to the savepoint, and nothing of c is written.
+// to the savepoint, and nothing of c is written. Only a violation of the
+// slice's primary key is a key present: any other error, a violation of
+// another unique index (one a user added, or one a trigger writes to)
+// among them, is an error, with the transaction aborted.
 func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bool) (bool, error) {
 	if !opened {
 		if _, err := q.Exec(ctx, `SAVEPOINT onceflow_claim`); err != nil {
@@ -339,7 +342,8 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 	// it) is no claim: rolled back, the keys go to the insert, whose
 	// RETURNING says which it wrote.
 	var pgErr *pgconn.PgError
-	if (errors.As(err, &pgErr) && pgErr.Code == uniqueViolation) || (err == nil && n != int64(len(c.todo))) {
+	present := errors.As(err, &pgErr) && pgErr.Code == uniqueViolation && pgErr.ConstraintName == pkeyName(c.slice)
+	if present || (err == nil && n != int64(len(c.todo))) {
 		// Released too: ROLLBACK TO keeps the savepoint, and what the
 		// transaction does next would run in a subtransaction of it.
 		if _, err := q.Exec(ctx, `ROLLBACK TO SAVEPOINT onceflow_claim; RELEASE SAVEPOINT onceflow_claim`); err != nil {

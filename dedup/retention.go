@@ -40,6 +40,11 @@ func (t tables) slice(n int32) string {
 // sliceName is the (unquoted) name of slice n's partition.
 func sliceName(n int32) string { return fmt.Sprintf("processed_events_s%d", n) }
 
+// pkeyName is the name of the primary key constraint of slice n's
+// partition: the one a concurrent claim of the same key violates. The
+// migration names slice 0's; rotate names the others'.
+func pkeyName(n int32) string { return sliceName(n) + "_pkey" }
+
 // lockSlices takes the slice lock shared until the end of the transaction
 // and then reads the current slice and the oldest, in one round trip. The read is a
 // statement of its own, so its snapshot is taken after the lock is held: a
@@ -407,7 +412,11 @@ func (r Retention) rotate(ctx context.Context, t tables, current int32) (bool, e
 		// taken (ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which
 		// claims do not wait for), so claims wait only for the insert.
 		for _, stmt := range []string{
-			`CREATE TABLE ` + t.slice(next) + ` (LIKE ` + t.processed + ` INCLUDING DEFAULTS)`,
+			// The primary key is named here, not left for ATTACH to name:
+			// a claim tells a concurrent claim by it (copyClaims). ATTACH
+			// takes it as the partition's index of the parent's key.
+			`CREATE TABLE ` + t.slice(next) + ` (LIKE ` + t.processed + ` INCLUDING DEFAULTS, CONSTRAINT ` +
+				pgx.Identifier{pkeyName(next)}.Sanitize() + ` PRIMARY KEY (event_id, handler, slice))`,
 			fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES IN (%d)`, t.processed, t.slice(next), next),
 		} {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
