@@ -2,6 +2,7 @@ package dedup_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -117,7 +118,7 @@ func TestLookupClaimFirstCopyConflicts(t *testing.T) {
 		})
 		done <- r
 	}()
-	waitRowLockWaiters(t, pool)
+	waitRowLockWaiters(t, pool, hold)
 	if err := hold.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -133,11 +134,17 @@ func TestLookupClaimFirstCopyConflicts(t *testing.T) {
 	}
 }
 
-// waitRowLockWaiters waits until a session waits for a transaction's lock.
-func waitRowLockWaiters(t *testing.T, pool *pgxpool.Pool) {
+// waitRowLockWaiters waits until a session waits for hold, the open
+// transaction that holds a key: only sessions hold blocks count, not the
+// lock waits of other tests sharing the database.
+func waitRowLockWaiters(t *testing.T, pool *pgxpool.Pool, hold pgx.Tx) {
 	t.Helper()
+	var pid uint32
+	if err := hold.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
 	for range 1000 {
-		if sinktest.Count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted`) > 0 {
+		if sinktest.Count(t, pool, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity WHERE %d = ANY(pg_blocking_pids(pid))`, pid)) > 0 {
 			return
 		}
 		select {

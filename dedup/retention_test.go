@@ -251,7 +251,7 @@ func TestRetentionRotationWaitsForClaims(t *testing.T) {
 		defer wg.Done()
 		res, stepErr = patient.Step(ctx)
 	}()
-	waitLockWaiters(t, e.pool, 1)
+	waitLockWaiters(t, e.pool, e.schema, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -261,7 +261,7 @@ func TestRetentionRotationWaitsForClaims(t *testing.T) {
 			return err
 		})
 	}()
-	waitLockWaiters(t, e.pool, 2)
+	waitLockWaiters(t, e.pool, e.schema, 2)
 	if err := tx1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -281,12 +281,16 @@ func TestRetentionRotationWaitsForClaims(t *testing.T) {
 	}
 }
 
-// waitLockWaiters waits until n sessions wait for an advisory lock.
-func waitLockWaiters(t *testing.T, pool *pgxpool.Pool, n int64) {
+// waitLockWaiters waits until n sessions wait for schema's slice lock
+// (the advisory lock dedup takes on "onceflow.dedup.slices:<schema>"), not
+// for the advisory locks of other tests sharing the database.
+func waitLockWaiters(t *testing.T, pool *pgxpool.Pool, schema string, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if sinktest.Count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) >= n {
+		if sinktest.Count(t, pool, `SELECT count(*) FROM pg_locks, hashtextextended($1, 0) AS h
+WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+  AND classid = ((h >> 32) & 4294967295)::oid AND objid = (h & 4294967295)::oid`, "onceflow.dedup.slices:"+schema) >= n {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)

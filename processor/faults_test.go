@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -581,7 +582,7 @@ func TestDrainIsBounded(t *testing.T) {
 				cfg.DrainTimeout = tc.drain
 				cfg.RebalanceTimeout = max(cfg.RebalanceTimeout, tc.drain+time.Second)
 				m := e.start(cfg, w)
-				e.waitLockWaiters(1, 60*time.Second)
+				e.waitBlockedBy(lock, 60*time.Second)
 				m.cancel()
 				if tc.abort {
 					time.Sleep(500 * time.Millisecond)
@@ -604,17 +605,22 @@ func TestDrainIsBounded(t *testing.T) {
 	}
 }
 
-// waitLockWaiters waits until n backends wait for a lock.
-func (e *env) waitLockWaiters(n int64, timeout time.Duration) {
+// waitBlockedBy waits until a backend waits for a lock the transaction
+// holder holds: only its waiters count, not the lock waits of other tests
+// sharing the database.
+func (e *env) waitBlockedBy(holder pgx.Tx, timeout time.Duration) {
 	e.t.Helper()
+	var pid uint32
+	if err := holder.QueryRow(e.t.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		e.t.Fatal(err)
+	}
 	deadline := time.Now().Add(timeout)
 	for {
-		got := sinktest.Count(e.t, e.pool, `SELECT count(*) FROM pg_locks WHERE NOT granted`)
-		if got >= n {
+		if sinktest.Count(e.t, e.pool, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity WHERE %d = ANY(pg_blocking_pids(pid))`, pid)) > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("%d backends wait for a lock after %v, want %d", got, timeout, n)
+			e.t.Fatalf("no backend waits for the held lock after %v", timeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
