@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -267,13 +268,17 @@ func replot(from, out string) error {
 }
 
 // build names the code a run measures: the commit checked out where the
-// benchmark runs, "+dirty" with uncommitted changes; with bin (a prebuilt
+// benchmark runs, "+dirty" when files other than committed results differ
+// from it (a run writes its results into the tree); with bin (a prebuilt
 // member binary), that binary's path too, whose code may differ.
 func build(bin string) string {
-	out, err := exec.Command("git", "describe", "--always", "--dirty=+dirty", "--abbrev=7").Output()
+	out, err := exec.Command("git", "rev-parse", "--short=7", "HEAD").Output()
 	s := strings.TrimSpace(string(out))
 	if err != nil || s == "" {
 		s = "unknown (not run from a git checkout)"
+	} else if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--",
+		":(top)", ":(top,exclude)benchmarks/results*").Output(); err != nil || len(bytes.TrimSpace(st)) > 0 {
+		s += "+dirty"
 	}
 	if bin != "" {
 		s += "; members run " + bin
