@@ -86,6 +86,7 @@ type bench struct {
 	spans    *spanRecorder
 	tp       trace.TracerProvider
 	pgTracer pgx.QueryTracer
+	prof     *profile // the running run's, for drive (runs are one at a time)
 }
 
 // env is one run's topic, group and schema.
@@ -272,11 +273,13 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 		return nil, err
 	}
 	defer func() { _ = g.StopAll() }() // before e.close drops the schema
-	prof, err := b.startProfile(ctx, e, kind == "scenario" && name == "steady")
+	prof, err := b.startProfile(ctx, e, kind == "scenario" && name == b.o.cpuprofOf)
 	if err != nil {
 		return nil, err
 	}
 	defer prof.stop() // on error paths; a no-op once done below
+	b.prof = prof     // for drive's replay-reread profile
+	defer func() { b.prof = nil }()
 	resetPeakRSS()
 	start := time.Now()
 	if err := g.startN(ctx, b.o.members); err != nil {
@@ -344,7 +347,8 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 		slices.SortStableFunc(r.Marks, func(a, b Mark) int { return cmp.Compare(a.T, b.T) })
 		return err
 	}
-	reset := false
+	reset, reread := false, r.Name == "replay" && b.o.cpuprofOf == "replay-reread"
+	var rereadTo int64 // the records committed when the rewind came
 	lastLog := time.Now()
 	for {
 		select {
@@ -383,7 +387,18 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 				if err := b.rewind(ctx, g, e); err != nil {
 					return err
 				}
+				if reread {
+					rereadTo = done
+					if err := b.prof.startCPU(); err != nil {
+						return err
+					}
+				}
 				continue
+			}
+			if reread && reset && done >= rereadTo && b.prof.cpuFile != nil {
+				if err := b.prof.stop(); err != nil { // the applied half is read again
+					return err
+				}
 			}
 			if done >= total && (r.Name != "replay" || reset) {
 				r.Seconds = since()

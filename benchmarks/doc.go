@@ -42,10 +42,13 @@
 // broker's with -broker-pid, and the machine's), pg_tables
 // (pg_stat_user_tables and pg_statio_user_tables of the run's schema) and
 // wal (pg_stat_wal, the whole cluster's); results.md has them as tables.
-// -cpuprofile writes a CPU profile of this process during the steady
-// scenario. benchmarks/PROFILE.md is what they showed.
+// -cpuprofile writes a CPU profile of this process during the scenario
+// -cpuprofile-of names (steady by default; replay-reread: only the
+// replay's re-read of the half it had applied). benchmarks/PROFILE.md is
+// what they showed.
 //
 //	go run ./benchmarks -events 200000 -scenarios steady -baselines=false -spans -cpuprofile cpu.prof
+//	go run ./benchmarks -brokers 127.0.0.1:19092 -scenarios replay -baselines=false -cpuprofile reread.prof -cpuprofile-of replay-reread
 //
 // # Backlog and sustained runs
 //

@@ -42,6 +42,7 @@ type options struct {
 	replot      string
 	spans       bool
 	cpuprofile  string
+	cpuprofOf   string // the scenario -cpuprofile profiles, or "replay-reread"
 	brokerPID   int
 }
 
@@ -66,7 +67,9 @@ func parseFlags() (options, error) {
 	flag.StringVar(&o.replot, "replot", "", "only redraw results.md and the plots in -out from this results.json")
 	flag.BoolVar(&o.spans, "spans", false, "trace the members in process (no exporter) and report span durations by name, "+
 		"the CPU split between this process and Postgres, and Postgres' table and WAL statistics of each scenario")
-	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during the steady scenario to this file")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during one scenario (-cpuprofile-of) to this file")
+	flag.StringVar(&o.cpuprofOf, "cpuprofile-of", "steady", "the scenario -cpuprofile profiles: steady, storm, replay, or replay-reread "+
+		"(only the replay's re-read of the half it had applied, from the rewind until the group has committed that half again)")
 	flag.IntVar(&o.brokerPID, "broker-pid", 0, "with -spans, the broker's pid, to count its CPU too")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()

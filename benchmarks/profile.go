@@ -9,7 +9,7 @@ import (
 
 // profile is what one run measures besides its rate: with -spans, span
 // durations, the CPU split and the WAL written; with -cpuprofile (the
-// steady scenario only), this process's CPU profile. Its owner calls done
+// scenario -cpuprofile-of names), this process's CPU profile. Its owner calls done
 // once the members are stopped, and stop on every path.
 type profile struct {
 	b       *bench
@@ -35,18 +35,29 @@ func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, e
 		}
 		p.cpu = snapCPU(pids, pm, b.o.brokerPID)
 	}
-	if cpu && b.o.cpuprofile != "" {
-		f, err := os.Create(b.o.cpuprofile)
-		if err != nil {
-			return nil, fmt.Errorf("-cpuprofile: %w", err)
+	if cpu {
+		if err := p.startCPU(); err != nil {
+			return nil, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("-cpuprofile: %w", err)
-		}
-		p.cpuFile = f
 	}
 	return p, nil
+}
+
+// startCPU starts the CPU profile into -cpuprofile, if set.
+func (p *profile) startCPU() error {
+	if p.b.o.cpuprofile == "" || p.cpuFile != nil {
+		return nil
+	}
+	f, err := os.Create(p.b.o.cpuprofile)
+	if err != nil {
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return fmt.Errorf("-cpuprofile: %w", err)
+	}
+	p.cpuFile = f
+	return nil
 }
 
 // done ends the measurements into r.
@@ -88,6 +99,6 @@ func (p *profile) stop() error {
 	if err != nil {
 		return fmt.Errorf("-cpuprofile: %w", err)
 	}
-	progress("wrote the CPU profile of the steady scenario to %s", p.b.o.cpuprofile)
+	progress("wrote the CPU profile of %s to %s", p.b.o.cpuprofOf, p.b.o.cpuprofile)
 	return nil
 }
