@@ -5,6 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+
 	"github.com/onceflow/onceflow/orders"
 )
 
@@ -55,5 +61,55 @@ func waitLogged(t *testing.T, logs *logRecorder, level slog.Level, s string, tim
 			t.Fatalf("nothing logged at %v containing %q within %v; logged: %v", level, s, timeout, logs.messages())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A member told to consume a topic whose metadata the brokers refuse (no
+// ACL lets its user describe it), beside one they do not have, says both:
+// a warning naming each. kfake only: its ACLs refuse the topic.
+func TestRefusedTopicWarns(t *testing.T) {
+	admin := plain.Auth{User: "admin", Pass: "admin"}.AsMechanism()
+	allow := func(r kmsg.ACLResourceType, name string, p kmsg.ACLResourcePatternType) kfake.ACL {
+		return kfake.ACL{Resource: r, Name: name, Pattern: p, Operation: kmsg.ACLOperationAll, Allow: true}
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond),
+		kfake.EnableSASL(), kfake.Superuser("PLAIN", "admin", "admin"), kfake.EnableACLs(),
+		kfake.User("PLAIN", "app", "app",
+			allow(kmsg.ACLResourceTypeTopic, "orders-", kmsg.ACLResourcePatternTypePrefixed),
+			allow(kmsg.ACLResourceTypeGroup, "onceflow-", kmsg.ACLResourcePatternTypePrefixed),
+			allow(kmsg.ACLResourceTypeCluster, "kafka-cluster", kmsg.ACLResourcePatternTypeLiteral)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	e := newEnv(t, broker{name: "kfake", start: func(t *testing.T, topic string, partitions int32, extra ...string) []string {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.SASL(admin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		for _, tp := range append([]string{topic}, extra...) {
+			if _, err := kadm.NewClient(cl).CreateTopic(t.Context(), partitions, 1, nil, tp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return cluster.ListenAddrs()
+	}}, 1)
+	missing, refused := e.topic+"-later", "secret-"+e.topic
+	logs := &logRecorder{}
+	cfg := e.config("refused-topic")
+	cfg.Topics = []string{e.topic, missing, refused}
+	cfg.Logger = slog.New(logs)
+	cfg.KafkaOptions = append(cfg.KafkaOptions, kgo.SASL(plain.Auth{User: "app", Pass: "app"}.AsMechanism()))
+	m := e.start(cfg, e.writer(0))
+	defer m.stop(t)
+
+	rec := waitLogged(t, logs, slog.LevelWarn, "does not exist", 30*time.Second)
+	if rec["topic"] != missing {
+		t.Errorf("the warning names topic %q, want %q: %v", rec["topic"], missing, rec)
+	}
+	rec = waitLogged(t, logs, slog.LevelWarn, "refuse", 30*time.Second)
+	if rec["topic"] != refused {
+		t.Errorf("the warning names topic %q, want %q: %v", rec["topic"], refused, rec)
 	}
 }
