@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -712,19 +713,35 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 // not created yet — the member consumes it once it exists, and says so),
 // or whose metadata they refuse (an ACL). state holds, per topic, what
 // was said last ("" for a topic that exists).
+//
+// The metadata request is sent as is, not through kadm, whose ListTopics
+// fails as a whole when one topic is refused: the refused topic, and any
+// missing one beside it, would never be said.
 func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]string) {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, topic := range c.cfg.Topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(topic)
+		req.Topics = append(req.Topics, rt)
+	}
 	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	details, err := kadm.NewClient(cl).ListTopics(tctx, c.cfg.Topics...)
+	resp, err := req.RequestWith(tctx, cl)
 	cancel()
 	if err != nil {
 		return // asked again next time
 	}
+	errs := make(map[string]error, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if t.Topic != nil {
+			errs[*t.Topic] = kerr.ErrorForCode(t.ErrorCode)
+		}
+	}
 	for _, topic := range c.cfg.Topics {
 		now := ""
-		if d, ok := details[topic]; !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+		if terr, ok := errs[topic]; !ok || errors.Is(terr, kerr.UnknownTopicOrPartition) {
 			now = "missing"
-		} else if d.Err != nil {
-			now = d.Err.Error()
+		} else if terr != nil {
+			now = terr.Error()
 		}
 		was, seen := state[topic]
 		state[topic] = now
