@@ -470,3 +470,64 @@ func TestLockRetention(t *testing.T) {
 		t.Fatalf("step after = %+v, %v; want a rotation", res, err)
 	}
 }
+
+// A slice an older onceflow rotated in (CREATE TABLE ... LIKE, then ATTACH
+// PARTITION, which names its primary key) is one whose concurrent claims
+// are told apart as such: a claim that waited for another transaction's
+// claim of the same key, which committed, loses it, without an error.
+func TestConcurrentClaimInSliceOfOldRotate(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	processed := pgx.Identifier{e.schema, "processed_events"}.Sanitize()
+	s1 := pgx.Identifier{e.schema, "processed_events_s1"}.Sanitize()
+	for _, stmt := range []string{
+		`CREATE TABLE ` + s1 + ` (LIKE ` + processed + ` INCLUDING DEFAULTS)`,
+		`ALTER TABLE ` + processed + ` ATTACH PARTITION ` + s1 + ` FOR VALUES IN (1)`,
+		`INSERT INTO ` + pgx.Identifier{e.schema, "processed_events_slices"}.Sanitize() + ` VALUES (1, now())`,
+	} {
+		if _, err := e.pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := key()
+	tx1, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx1.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	if got, err := dedup.LookupClaim(ctx, tx1, e.schema, "kafka", "", []dedup.Key{k}, nil); err != nil || !got.Claimed[0] {
+		t.Fatalf("first claim: %+v, %v", got, err)
+	}
+	done := make(chan error, 1)
+	var second dedup.Claims
+	go func() {
+		done <- pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var err error
+			second, err = dedup.LookupClaim(ctx, tx, e.schema, "kafka", "", []dedup.Key{k}, nil)
+			return err
+		})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for sinktest.Count(t, e.pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted AND transactionid::text::bigint = $1`,
+		func() int64 {
+			var x int64
+			if err := tx1.QueryRow(ctx, `SELECT txid_current() & 4294967295`).Scan(&x); err != nil {
+				t.Fatal(err)
+			}
+			return x
+		}()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second claim never waited for the first")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the second claim of a key in a slice of the old rotate: %v, want it lost without an error", err)
+	}
+	if second.Claimed[0] {
+		t.Error("the second claim won a key the first committed")
+	}
+}
