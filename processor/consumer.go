@@ -714,9 +714,9 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 // or whose metadata they refuse (an ACL). state holds, per topic, what
 // was said last ("" for a topic that exists).
 //
-// The metadata request is sent as is, not through kadm, whose ListTopics
-// fails as a whole when one topic is refused: the refused topic, and any
-// missing one beside it, would never be said.
+// The metadata is asked for as is (cached as kadm would), not through
+// kadm's ListTopics, which fails as a whole when one topic is refused: the
+// refused topic, and any missing one beside it, would never be said.
 func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]string) {
 	req := kmsg.NewPtrMetadataRequest()
 	for _, topic := range c.cfg.Topics {
@@ -725,7 +725,7 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 		req.Topics = append(req.Topics, rt)
 	}
 	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	resp, err := req.RequestWith(tctx, cl)
+	resp, err := cl.RequestCachedMetadata(tctx, req, 0)
 	cancel()
 	if err != nil {
 		return // asked again next time
