@@ -713,3 +713,16 @@ func randomText(n int) string {
 	}
 	return string(b)
 }
+
+// problems returns how many records at level WARN or above it holds.
+func (l *logRecorder) problems() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, lvl := range l.lvls {
+		if lvl >= slog.LevelWarn {
+			n++
+		}
+	}
+	return n
+}

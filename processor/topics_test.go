@@ -113,3 +113,46 @@ func TestRefusedTopicWarns(t *testing.T) {
 		t.Errorf("the warning names topic %q, want %q: %v", rec["topic"], refused, rec)
 	}
 }
+
+// A consumed topic deleted while the member runs is said once (a warning
+// naming it), and the member's log is not flooded after that: each of its
+// partitions' fetch and commit failures is said a few times at most, not
+// at every poll. (Each poll logged a "fetch error" — hundreds a second on
+// a real Kafka — and kgo's failed commits logged at every commit.)
+func TestDeletedTopicLogsNoFlood(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 2)
+		logs := &logRecorder{}
+		cfg := e.config("deleted-topic")
+		cfg.Logger = slog.New(logs)
+		m := e.start(cfg, e.writer(0))
+		defer m.stop(t)
+		stream, err := orders.Generate(50, 0, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
+
+		cl, err := seedClient(e.brokers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = kadm.NewClient(cl).DeleteTopics(t.Context(), e.topic)
+		cl.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := waitLogged(t, logs, slog.LevelWarn, "does not exist", 30*time.Second)
+		if rec["topic"] != e.topic {
+			t.Errorf("the warning names topic %q, want %q: %v", rec["topic"], e.topic, rec)
+		}
+		before := logs.problems()
+		time.Sleep(5 * time.Second)
+		if n := logs.problems() - before; n > 10 {
+			msgs := logs.messages()
+			t.Errorf("%d warnings and errors logged in the 5s after the deleted topic was said, want a few at most; the last: %v",
+				n, msgs[max(0, len(msgs)-6):])
+		}
+	})
+}
