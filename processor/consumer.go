@@ -103,6 +103,9 @@ type Consumer struct {
 	tracer trace.Tracer
 	traced bool // false: no per-record trace-context extraction at all
 	stats  counters
+	// repeats holds back log lines said again soon: fetch errors and
+	// franz-go's own warnings.
+	repeats repeats
 
 	mu    sync.Mutex
 	parts map[tp]*partition // the partitions assigned to this member now
@@ -316,7 +319,7 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsLost(c.lost),
 		kgo.AdjustFetchOffsetsFn(c.adjust),
 		kgo.RecordDeliveryTimeout(c.cfg.ProduceTimeout),
-		kgo.WithLogger(kgoLogger{c.log}),
+		kgo.WithLogger(kgoLogger{c.log, &c.repeats}),
 	}
 }
 
@@ -345,8 +348,13 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 			return
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				c.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			// Said once per repeatWindow per partition and error: a
+			// deleted or refused topic fails every poll.
+			if ok, held := c.repeats.allow(fmt.Sprint("fetch", topic, partition, err), time.Now()); ok {
+				c.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err, "repeated", held)
 			}
 		})
 		fetches.EachPartition(c.route)
@@ -757,8 +765,13 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 	}
 }
 
-// kgoLogger sends franz-go's own logs (warnings and errors) to slog.
-type kgoLogger struct{ log *slog.Logger }
+// kgoLogger sends franz-go's own logs (warnings and errors) to slog, a
+// line said again within repeatWindow held back (a deleted topic makes
+// franz-go fail every commit, per partition).
+type kgoLogger struct {
+	log  *slog.Logger
+	seen *repeats
+}
 
 func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
@@ -766,6 +779,13 @@ func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	lv := slog.LevelWarn
 	if level == kgo.LogLevelError {
 		lv = slog.LevelError
+	}
+	ok, held := l.seen.allow(fmt.Sprint(level, msg, keyvals), time.Now())
+	if !ok {
+		return
+	}
+	if held > 0 {
+		keyvals = append(keyvals, "repeated", held)
 	}
 	l.log.Log(context.Background(), lv, "kafka: "+msg, keyvals...)
 }
