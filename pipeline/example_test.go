@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/metrics"
@@ -28,10 +28,12 @@ func ExampleRun() {
 	defer stop()
 
 	ledger := sink.HandlerFunc("ledger", func(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
-		ids := make([]uuid.UUID, len(events))
+		// pgtype.UUID, not uuid.UUID: arrays of it are also sent under the
+		// exec and simple_protocol query modes (a transaction pooler).
+		ids := make([]pgtype.UUID, len(events))
 		payloads := make([]string, len(events))
 		for i, e := range events {
-			ids[i], payloads[i] = e.ID, string(e.Value)
+			ids[i], payloads[i] = pgtype.UUID{Bytes: e.ID, Valid: true}, string(e.Value)
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, payment)
 			SELECT * FROM unnest($1::uuid[], $2::jsonb[])`, ids, payloads)

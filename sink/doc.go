@@ -11,7 +11,11 @@
 // Handlers are Go code ([Handler]) or one SQL statement each
 // ([SQLHandler], the no-code path: the statement reads the claimed events
 // from a relation named events). A handler that is a [TopicFilter] claims
-// and applies only the events of its topics.
+// and applies only the events of its topics. A Go handler that passes
+// event ids to Postgres in arrays passes them as pgtype.UUID: a
+// []uuid.UUID has no text encoding, which the exec and simple_protocol
+// query modes (default_query_exec_mode, behind a transaction pooler)
+// need.
 //
 // The offset compare-and-set fences zombies: a batch carries the stored
 // offset its worker last saw ([Batch.Fence]); if another member moved it in

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/onceflow/onceflow/sink"
 )
@@ -17,7 +17,9 @@ import (
 // letter while the rest of the batch applies.
 func ExampleHandlerFunc() {
 	ledger := sink.HandlerFunc("ledger", func(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
-		ids := make([]uuid.UUID, 0, len(events))
+		// pgtype.UUID, not uuid.UUID: arrays of it are also sent under the
+		// exec and simple_protocol query modes (a transaction pooler).
+		ids := make([]pgtype.UUID, 0, len(events))
 		accounts := make([]string, 0, len(events))
 		amounts := make([]int64, 0, len(events))
 		for _, e := range events {
@@ -28,7 +30,8 @@ func ExampleHandlerFunc() {
 			if err := json.Unmarshal(e.Value, &p); err != nil || p.Account == "" {
 				return &sink.RejectError{EventID: e.ID, Reason: "not a payment"}
 			}
-			ids, accounts, amounts = append(ids, e.ID), append(accounts, p.Account), append(amounts, p.Cents)
+			ids = append(ids, pgtype.UUID{Bytes: e.ID, Valid: true})
+			accounts, amounts = append(accounts, p.Account), append(amounts, p.Cents)
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (event_id, account, cents)
 			SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[])`, ids, accounts, amounts)
