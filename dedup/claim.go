@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -279,16 +278,7 @@ WHERE event_id = ANY($1::uuid[]) AND slice `+op+` $2::integer`, ids, current)
 	if err != nil {
 		return nil, fmt.Errorf("look up claims: %w", err)
 	}
-	var found map[Key]struct{}
-	var id [16]byte
-	var handler string
-	_, err = pgx.ForEachRow(rows, []any{&id, &handler}, func() error {
-		if found == nil {
-			found = make(map[Key]struct{})
-		}
-		found[Key{EventID: id, Handler: handler}] = struct{}{}
-		return nil
-	})
+	found, err := keySet(rows, 0)
 	if err != nil {
 		return nil, fmt.Errorf("look up claims: %w", err)
 	}
@@ -335,7 +325,7 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 			}
 			i := c.todo[j]
 			j++
-			row[0], row[1], row[4] = pgtype.UUID{Bytes: c.keys[i].EventID, Valid: true}, c.keys[i].Handler, c.digest(i)
+			row[0], row[1], row[4] = uuidParam(c.keys[i].EventID), c.keys[i].Handler, c.digest(i)
 			return row, nil
 		}))
 	// A row COPY did not write (a trigger on processed_events that skips
@@ -383,13 +373,7 @@ RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 	if err != nil {
 		return fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
-	won := make(map[Key]struct{}, len(c.todo))
-	var id [16]byte
-	var handler string
-	_, err = pgx.ForEachRow(rows, []any{&id, &handler}, func() error {
-		won[Key{EventID: uuid.UUID(id), Handler: handler}] = struct{}{}
-		return nil
-	})
+	won, err := keySet(rows, len(c.todo))
 	if err != nil {
 		return fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
@@ -399,6 +383,18 @@ RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 		}
 	}
 	return nil
+}
+
+// keySet reads rows of (event_id, handler) into a set; size is a hint.
+func keySet(rows pgx.Rows, size int) (map[Key]struct{}, error) {
+	set := make(map[Key]struct{}, size)
+	var id [16]byte
+	var handler string
+	_, err := pgx.ForEachRow(rows, []any{&id, &handler}, func() error {
+		set[Key{EventID: id, Handler: handler}] = struct{}{}
+		return nil
+	})
+	return set, err
 }
 
 // uuidParam is id as a uuid parameter. Arrays of pgtype.UUID encode in
