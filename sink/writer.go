@@ -315,15 +315,12 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	// Committed. Every key claimed, and every key found already claimed,
-	// is now known committed, with its stored digest.
-	known := slices.Clip(out.claimed)
-	digests := slices.Clip(out.digests)
-	for _, s := range out.already {
-		known = append(known, s.key)
-		digests = append(digests, s.digest)
-	}
-	w.cfg.Cache.Remember(known, digests)
+	// Committed: the keys claimed are known committed, with their digests.
+	// The keys found claimed are too, but the cache is not told: in a
+	// replay's re-read every key is found once, by a member whose cache
+	// started empty, and remembering each would cost an insertion and
+	// evict the member's own recent claims, which redeliveries hit.
+	w.cfg.Cache.Remember(out.claimed, out.digests)
 	skipped = append(skipped, out.already...)
 	res.Applied = len(out.claimed)
 	res.SkippedPostgres = len(out.already)

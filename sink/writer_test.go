@@ -306,3 +306,43 @@ func TestNewValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteRemembersOnlyItsClaims: the cache learns the keys a batch
+// claimed, not the ones it found claimed in Postgres — in a replay's
+// re-read every key is found once, and remembering it would only evict
+// the member's own recent claims.
+func TestWriteRemembersOnlyItsClaims(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	ctx := t.Context()
+	a, e := uuid.New(), uuid.New()
+	first, _ := dedup.New(100)
+	w1 := newWriter(t, pool, schema, first)
+	if _, err := w1.Write(ctx, &sink.Batch{Topic: "orders", Partition: 0, Epoch: take(t, w1), Fence: -1, NextOffset: 1,
+		Events: events(0, []uuid.UUID{a}, [][]byte{order(1, "A")})}); err != nil {
+		t.Fatal(err)
+	}
+	cache, _ := dedup.New(100)
+	w2 := newWriter(t, pool, schema, cache)
+	epoch := take(t, w2)
+	for i, tc := range []struct {
+		id               uuid.UUID
+		applied, pg, lru int
+	}{
+		{a, 0, 4, 0}, // claimed by w1: found in Postgres
+		{a, 0, 4, 0}, // found again: not remembered
+		{e, 4, 0, 0}, // claimed here
+		{e, 0, 0, 4}, // remembered
+	} {
+		off := int64(1 + i)
+		res, err := w2.Write(ctx, &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: off, NextOffset: off + 1,
+			Events: events(off, []uuid.UUID{tc.id}, [][]byte{order(1, "A")})})
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		if res.Applied != tc.applied || res.SkippedPostgres != tc.pg || res.SkippedLRU != tc.lru {
+			t.Errorf("batch %d: applied %d, skipped %d postgres %d lru; want %d, %d, %d",
+				i, res.Applied, res.SkippedPostgres, res.SkippedLRU, tc.applied, tc.pg, tc.lru)
+		}
+	}
+}
