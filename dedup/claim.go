@@ -127,21 +127,22 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 		}
 		return c, fmt.Errorf("claim events: %w", err)
 	}
-	todo := distinctKeys(keys)
-	n := 0
-	for _, i := range todo {
+	// Only the keys not found are ordered for the COPY: a batch that was
+	// all applied before sorts nothing.
+	todo := make([]int, 0, len(keys))
+	for i := range keys {
 		if !c.Found[i] {
-			todo[n] = i
-			n++
+			todo = append(todo, i)
 		}
 	}
-	if n == 0 {
+	todo = distinct(keys, todo)
+	if len(todo) == 0 {
 		if _, err := q.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); err != nil {
 			return c, fmt.Errorf("claim events: %w", err)
 		}
 		return c, nil
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo[:n], c.Claimed, true); err != nil {
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, c.Claimed, true); err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	return c, nil
@@ -237,6 +238,12 @@ func distinctKeys(keys []Key) []int {
 	for i := range todo {
 		todo[i] = i
 	}
+	return distinct(keys, todo)
+}
+
+// distinct orders the indexes todo of keys as distinctKeys does, keeping
+// each key's first copy among them; it reuses todo.
+func distinct(keys []Key, todo []int) []int {
 	// Ties broken by index, so that a key's first copy sorts first; an
 	// unstable sort with a total order is the stable sort, only cheaper.
 	slices.SortFunc(todo, func(a, b int) int {

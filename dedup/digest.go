@@ -93,27 +93,41 @@ func eventIDs(keys []Key) []pgtype.UUID {
 	return ids
 }
 
-// readLookup reads lookupSQL's rows into Lookup's results for keys.
+// readLookup reads lookupSQL's rows into Lookup's results for keys. A row
+// is matched with the keys of its event (an event's keys are found by id,
+// then by handler), its handler and digest read in place: a batch that
+// was all applied before, as a replay re-reads it, costs no allocation
+// per row.
 func readLookup(rows pgx.Rows, keys []Key) ([]bool, []Digest, error) {
-	stored := make(map[Key]Digest, len(keys)) // a row per key found, and other handlers' rows of the same events
-	var id [16]byte
-	var handler string
-	var d []byte
-	_, err := pgx.ForEachRow(rows, []any{&id, &handler, &d}, func() error {
-		var dg Digest
-		if len(d) == len(dg) {
-			dg = Digest(d)
+	// first[id] is the first index of id's keys, next[i] the one after i (-1: none).
+	first := make(map[[16]byte]int, len(keys))
+	next := make([]int, len(keys))
+	for i := len(keys) - 1; i >= 0; i-- {
+		next[i] = -1
+		if j, ok := first[keys[i].EventID]; ok {
+			next[i] = j
 		}
-		stored[Key{EventID: id, Handler: handler}] = dg
+		first[keys[i].EventID] = i
+	}
+	found := make([]bool, len(keys))
+	out := make([]Digest, len(keys))
+	var id [16]byte
+	var handler, d pgtype.DriverBytes // valid until the next row
+	_, err := pgx.ForEachRow(rows, []any{&id, &handler, &d}, func() error {
+		i, ok := first[id]
+		for ; ok && i >= 0; i = next[i] {
+			if keys[i].Handler != string(handler) {
+				continue // another handler's row of the same event, or another key's
+			}
+			found[i] = true
+			if len(d) == len(out[i]) {
+				out[i] = Digest(d)
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up claims: %w", err)
-	}
-	found := make([]bool, len(keys))
-	out := make([]Digest, len(keys))
-	for i, k := range keys {
-		out[i], found[i] = stored[k]
 	}
 	return found, out, nil
 }
