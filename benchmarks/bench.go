@@ -40,6 +40,7 @@ type Run struct {
 	UniqueEventsPerSec float64  `json:"unique_events_per_sec"`
 	RecordsPerSec      float64  `json:"records_consumed_per_sec"`
 	RecordsConsumed    int64    `json:"records_consumed"`
+	RecordsFetched     int64    `json:"records_fetched,omitempty"` // decoded from fetches: consumed plus dropped unpolled
 	SkippedLRU         int64    `json:"skipped_lru"`
 	SkippedPostgres    int64    `json:"skipped_postgres"`
 	BatchP50Ms         float64  `json:"batch_p50_ms"`
@@ -480,7 +481,7 @@ func (b *bench) rewind(ctx context.Context, g *group, e *env) error {
 // against the stream of events unique events, generated again.
 func (b *bench) finish(ctx context.Context, r *Run, g *group, e *env, events int) (*Run, error) {
 	s := g.Stats()
-	r.RecordsConsumed, r.SkippedLRU, r.SkippedPostgres = s.RecordsConsumed, s.SkippedLRU, s.SkippedPostgres
+	r.RecordsConsumed, r.RecordsFetched, r.SkippedLRU, r.SkippedPostgres = s.RecordsConsumed, s.RecordsFetched, s.SkippedLRU, s.SkippedPostgres
 	r.UniqueEventsPerSec = float64(r.UniqueEvents) / r.Seconds
 	r.RecordsPerSec = float64(r.RecordsConsumed) / r.Seconds
 	g.mu.Lock()

@@ -64,6 +64,7 @@ func (m *Metrics) OnBatch(b processor.BatchInfo) {
 
 var (
 	descRecords   = prometheus.NewDesc("onceflow_records_consumed_total", "Records received from Kafka, duplicates included.", nil, nil)
+	descFetched   = prometheus.NewDesc("onceflow_records_fetched_total", "Records decoded from fetch responses: consumed, plus those franz-go dropped for a partition paused while its fetch was in flight (fetched again on resume).", nil, nil)
 	descApplied   = prometheus.NewDesc("onceflow_events_applied_total", "(event, handler) pairs applied.", nil, nil)
 	descSkipped   = prometheus.NewDesc("onceflow_duplicates_skipped_total", "(event, handler) pairs skipped as duplicates, by layer.", []string{"layer"}, nil)
 	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
@@ -84,7 +85,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecords, descApplied, descSkipped, descDead, descConflicts, descBatches, descRetries,
+	for _, d := range []*prometheus.Desc{descRecords, descFetched, descApplied, descSkipped, descDead, descConflicts, descBatches, descRetries,
 		descFenced, descPublished, descRange, descRetrying, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
 		ch <- d
 	}
@@ -111,6 +112,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	counter(descRecords, t.RecordsConsumed)
+	counter(descFetched, t.RecordsFetched)
 	counter(descApplied, t.Applied)
 	counter(descSkipped, t.SkippedLRU, "lru")
 	counter(descSkipped, t.SkippedPostgres, "postgres")

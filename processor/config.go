@@ -42,7 +42,7 @@ type Config struct {
 	// fetch.max.bytes); FetchMaxPartitionBytes bounds one partition's share
 	// of it (max.partition.fetch.bytes). A broker still returns a first
 	// record batch larger than either, so that the partition progresses.
-	// Defaults 16 MiB and 1 MiB. Together with the per-partition queue
+	// Defaults 16 MiB and 256 KiB. Together with the per-partition queue
 	// (paused at twice BatchMaxBytes or twice BatchMaxRecords) they bound
 	// what a Consumer holds of the stream; see "Memory" in the package doc.
 	FetchMaxBytes          int
@@ -132,8 +132,13 @@ const (
 	// per broker is in flight or buffered at a time, and its records'
 	// values are not copied out of it, so this is the unit in which a
 	// member's fetch memory grows.
-	DefaultFetchMaxBytes          = 16 << 20
-	DefaultFetchMaxPartitionBytes = 1 << 20
+	DefaultFetchMaxBytes = 16 << 20
+	// DefaultFetchMaxPartitionBytes is a quarter of Kafka's 1 MiB: a poll
+	// queues each partition's whole share, on top of what the queue holds
+	// when it is paused, so the share is what a partition's memory grows
+	// by. At 1 MiB a 12-partition member draining a backlog peaked at
+	// 339 MiB instead of 150, for the same rate (PROFILE.md).
+	DefaultFetchMaxPartitionBytes = 256 << 10
 	// MaxFetchBytes is the largest FetchMaxBytes accepted: franz-go's
 	// default BrokerMaxReadBytes, which a response may not exceed.
 	MaxFetchBytes = 100 << 20

@@ -38,18 +38,23 @@
 //     is at most FetchMaxBytes (a first batch larger than the limit still
 //     comes, so a partition always progresses), each partition's share at
 //     most FetchMaxPartitionBytes: brokers × FetchMaxBytes in all;
-//   - queues: a partition's queue is paused at twice BatchMaxRecords (at
-//     least 256 records) or twice BatchMaxBytes of values, so the records
-//     queued are at most partitions × 2 × BatchMaxBytes of values plus
-//     about 200 bytes of kgo.Record per record, and a partition in hand
-//     of its worker adds one batch.
+//   - queues: each poll moves everything buffered into the partitions'
+//     queues, and a partition whose queue reached twice BatchMaxRecords
+//     (at least 256 records) or twice BatchMaxBytes of values is paused.
+//     A queue therefore holds at most its high water plus one fetch's
+//     share of the partition, and all queues together at most
+//     partitions × 2 × BatchMaxBytes of values plus the last response of
+//     each broker, plus about 200 bytes of kgo.Record per record; a
+//     partition in hand of its worker adds one batch. (A response already
+//     in flight when its partition is paused is dropped for it by
+//     franz-go and fetched again after the resume: one share per pause.)
 //
 // Record keys and values are not copied: franz-go decodes them in place,
 // in the response (uncompressed batches) or in the batch's decompressed
 // buffer, and allocates each batch's kgo.Records as one slice. A queued
 // record therefore keeps its batch's buffer and records alive, so while
 // queues are full a member holds somewhat more than the values it queues.
-// With the defaults (16 MiB, 1 MiB, 1000 records, 4 MiB) and records of a
+// With the defaults (16 MiB, 256 KiB, 1000 records, 4 MiB) and records of a
 // few hundred bytes, fetches and queues stay in the tens of MiB; the LRU
 // of package dedup adds about 200 bytes per entry (20 MiB at 100000).
 //

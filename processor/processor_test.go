@@ -372,3 +372,32 @@ func TestDrainCommitsOffsets(t *testing.T) {
 		}
 	})
 }
+
+// A backlog is decoded from Kafka about once: a partition paused because
+// its queue is full must not have its fetched records dropped (and fetched
+// and decompressed again after it resumes) while the worker catches up.
+// Here every partition's backlog fits one fetch and is many times the
+// queue's high water, so each record should be decoded exactly once.
+func TestBacklogIsFetchedOnce(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 4)
+		stream, err := orders.Generate(8000, 0, 9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		m := e.start(e.config("m1"), e.writer(0)) // BatchMaxRecords 100: queues pause at 256
+		e.waitProcessed(int64(len(stream.Unique)), 90*time.Second)
+		m.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+		s := m.c.Stats()
+		if s.RecordsConsumed < int64(len(stream.Messages)) || s.RecordsFetched < s.RecordsConsumed {
+			t.Fatalf("consumed %d, fetched %d records of %d: want fetched >= consumed >= records",
+				s.RecordsConsumed, s.RecordsFetched, len(stream.Messages))
+		}
+		if s.RecordsFetched > s.RecordsConsumed*5/4 {
+			t.Errorf("decoded %d records from fetches to consume %d (%.1fx): paused partitions' fetched records were dropped and fetched again",
+				s.RecordsFetched, s.RecordsConsumed, float64(s.RecordsFetched)/float64(s.RecordsConsumed))
+		}
+	})
+}
