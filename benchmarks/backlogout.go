@@ -104,7 +104,7 @@ func backlogMarkdown(rep *BacklogReport) string {
 		"committed (sum of sink_offsets.next_offset) per second, redeliveries included. Whole-run rates include the member's " +
 		"start-up and tail; the spans run from the first sample with anything applied to the last before a partition was done. Peak RSS: the member process's VmHWM when the last record " +
 		"committed, before it drains. The raw copy writes fresh unique events (processed_events and emails_sent by binary COPY, " +
-		"counters by set-based upserts, 2 connections, 1000 events per transaction) into the tables as the run left them.\n")
+		"counters by set-based upserts, 4 connections (the member's pool_size), 1000 events per transaction) into the tables as the run left them.\n")
 	return b.String()
 }
 

@@ -35,8 +35,8 @@ func (b *bench) baseline(ctx context.Context, name string) (*Run, error) {
 
 // ceiling writes the scenario's stream straight through sink.Writer — the
 // same claims, handler rows and offset compare-and-set, in batches of
-// -batch — with no Kafka: two goroutines (one per connection pair), each
-// owning half the partitions.
+// -batch — with no Kafka, on as many connections as the scenarios have
+// (see directRun.run).
 func (b *bench) ceiling(ctx context.Context) (*Run, error) {
 	d, err := b.direct(ctx, "ceiling", false)
 	if err != nil {
@@ -153,8 +153,8 @@ func (d *directRun) partitions() []int32 {
 }
 
 // run writes every partition's events in batches of -batch with write,
-// from two goroutines each owning half the partitions, then times and
-// checks the result.
+// from -pool goroutines (the connections the scenarios' members share),
+// each owning every -pool-th partition, then times and checks the result.
 func (d *directRun) run(ctx context.Context, name string, write func(ctx context.Context, p int, batch []event) error) (*Run, error) {
 	records := 0
 	for _, evs := range d.parts {
@@ -163,15 +163,22 @@ func (d *directRun) run(ctx context.Context, name string, write func(ctx context
 	r := &Run{Name: name, Kind: "baseline", Records: records, UniqueEvents: len(d.stream.Unique)}
 	var mu sync.Mutex
 	var durs []time.Duration
+	// With -spans a baseline reports its CPU split and WAL too, for the
+	// scenarios' to be read against.
+	prof, err := d.b.startProfile(ctx, d.e, false)
+	if err != nil {
+		return nil, err
+	}
 	resetPeakRSS()
 	start := time.Now()
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	for worker := range 2 {
+	conns := min(d.b.o.poolSize, len(d.parts))
+	errs := make(chan error, conns)
+	for worker := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for p := worker; p < len(d.parts); p += 2 {
+			for p := worker; p < len(d.parts); p += conns {
 				for i := 0; i < len(d.parts[p]); i += d.b.o.batch {
 					t := time.Now()
 					if err := write(ctx, p, d.parts[p][i:min(i+d.b.o.batch, len(d.parts[p]))]); err != nil {
@@ -191,6 +198,9 @@ func (d *directRun) run(ctx context.Context, name string, write func(ctx context
 		return nil, err
 	}
 	r.Seconds = time.Since(start).Seconds()
+	if err := prof.done(ctx, r); err != nil {
+		return nil, err
+	}
 	r.UniqueEventsPerSec = float64(r.UniqueEvents) / r.Seconds
 	r.RecordsPerSec = float64(r.Records) / r.Seconds
 	r.RecordsConsumed = int64(r.Records)

@@ -14,8 +14,9 @@ import (
 // path: the unique events only (no duplicates, no dedup, no Kafka, no
 // offsets), one processed_events row per (event, handler) and the
 // emails_sent rows by binary COPY, the counters by the handlers' own
-// set-based upserts, -batch events per transaction, two connections each
-// owning half the partitions — the same split as the ceiling. The
+// set-based upserts, -batch events per transaction, on the -pool
+// connections the scenarios' members share — the same split as the
+// ceiling. The
 // scenarios' ratios to it say how close onceflow is to the hardware.
 func (b *bench) rawCopy(ctx context.Context) (*Run, error) {
 	d, err := b.direct(ctx, "raw-copy", true)
