@@ -43,6 +43,7 @@ type options struct {
 	spans       bool
 	cpuprofile  string
 	cpuprofOf   string // the scenario -cpuprofile profiles, or "replay-reread"
+	memprofile  string
 	brokerPID   int
 }
 
@@ -68,6 +69,8 @@ func parseFlags() (options, error) {
 	flag.BoolVar(&o.spans, "spans", false, "trace the members in process (no exporter) and report span durations by name, "+
 		"the CPU split between this process and Postgres, and Postgres' table and WAL statistics of each scenario")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during one scenario (-cpuprofile-of) to this file")
+	flag.StringVar(&o.memprofile, "memprofile", "", "write this process's allocations over the scenario -cpuprofile-of profiles to this file, "+
+		"and those before it to FILE.base (go tool pprof -sample_index=alloc_space -base FILE.base BINARY FILE)")
 	flag.StringVar(&o.cpuprofOf, "cpuprofile-of", "steady", "the scenario -cpuprofile profiles: steady, storm, replay, or replay-reread "+
 		"(only the replay's re-read of the half it had applied, from the rewind until the group has committed that half again)")
 	flag.IntVar(&o.brokerPID, "broker-pid", 0, "with -spans, the broker's pid, to count its CPU too")

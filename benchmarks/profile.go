@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 )
 
@@ -18,6 +19,21 @@ type profile struct {
 	cpu     cpuSnap
 	wal     WAL
 	on      bool // -spans
+	mem     bool // -memprofile's base is written: stop writes the profile
+}
+
+// writeAllocs writes the allocations of this process so far (-memprofile).
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("-memprofile: %w", err)
+	}
+	runtime.GC() // the profile is as of the last collection
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("-memprofile: %w", err)
+	}
+	return f.Close()
 }
 
 // startProfile starts measuring a run on e; cpu says whether this run
@@ -45,6 +61,12 @@ func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, e
 
 // startCPU starts the CPU profile into -cpuprofile, if set.
 func (p *profile) startCPU() error {
+	if p.b.o.memprofile != "" && !p.mem {
+		if err := writeAllocs(p.b.o.memprofile + ".base"); err != nil {
+			return err
+		}
+		p.mem = true
+	}
 	if p.b.o.cpuprofile == "" || p.cpuFile != nil {
 		return nil
 	}
@@ -90,6 +112,12 @@ func (p *profile) done(ctx context.Context, r *Run) error {
 
 // stop ends the CPU profile, if one runs.
 func (p *profile) stop() error {
+	if p.mem {
+		p.mem = false
+		if err := writeAllocs(p.b.o.memprofile); err != nil {
+			return err
+		}
+	}
 	if p.cpuFile == nil {
 		return nil
 	}
