@@ -121,7 +121,7 @@ func Run(ctx context.Context, env Env, o Options) (Summary, error) {
 	progress(env.Progress, "publishing %d records: %d unique order events, %d redeliveries among them, then a replay of %d",
 		total, o.Events, len(stream.Messages)-o.Events, len(replay))
 
-	pub := startPublishing(ctx, brokers, topic, stream.Messages, replay, env.ProducerOptions)
+	pub := startPublishing(ctx, brokers, topic, stream.Messages, replay, publishGap(o.RebalanceEvery), env.ProducerOptions)
 	defer pub.stop()
 	g := members.NewGroup(members.InProcess(members.InProcessConfig{Pool: env.Pool, Consumer: memberConfig(env, brokers),
 		Writer: env.Writer, LRUSize: env.LRUSize, Started: env.Started}))

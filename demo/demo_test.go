@@ -86,3 +86,21 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// At the default pace (a change a second) the demo shows what it is for:
+// members leave and one crashes while records still arrive, however fast
+// they are consumed, and every effect still happens once.
+func TestRunChurnsBothWays(t *testing.T) {
+	e, o := env(t)
+	o.RebalanceEvery = time.Second // cmd/onceflow's default
+	sum, err := demo.Run(t.Context(), e, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sum.ExactlyOnce {
+		t.Errorf("not exactly once: %+v", sum)
+	}
+	if sum.MembersCrashed < 1 || sum.MembersLeft < 1 {
+		t.Errorf("members left %d, crashed %d; the demo must churn both ways before the stream ends", sum.MembersLeft, sum.MembersCrashed)
+	}
+}

@@ -86,14 +86,14 @@ type publishing struct {
 	sent   atomic.Int64
 }
 
-// startPublishing produces msgs in ten slices, then the replay, until
-// done or stopped.
-func startPublishing(ctx context.Context, brokers []string, topic string, msgs, replay []orders.Message, opts []kgo.Opt) *publishing {
+// startPublishing produces msgs in ten slices, gap apart, then the
+// replay, until done or stopped.
+func startPublishing(ctx context.Context, brokers []string, topic string, msgs, replay []orders.Message, gap time.Duration, opts []kgo.Opt) *publishing {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &publishing{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.err = p.publish(ctx, brokers, topic, msgs, replay, opts)
+		p.err = p.publish(ctx, brokers, topic, msgs, replay, gap, opts)
 	}()
 	return p
 }
@@ -104,7 +104,15 @@ func (p *publishing) stop() {
 	<-p.done
 }
 
-func (p *publishing) publish(ctx context.Context, brokers []string, topic string, msgs, replay []orders.Message, opts []kgo.Opt) error {
+// publishGap spreads the ten slices over four rebalance periods, so that
+// at least three membership changes — the third a crash — come while
+// records still arrive, however fast the members consume them (a demo
+// that ended before its crash showed none).
+func publishGap(rebalanceEvery time.Duration) time.Duration {
+	return max(150*time.Millisecond, rebalanceEvery*4/10)
+}
+
+func (p *publishing) publish(ctx context.Context, brokers []string, topic string, msgs, replay []orders.Message, gap time.Duration, opts []kgo.Opt) error {
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic),
 		kgo.ProducerLinger(5 * time.Millisecond)}, opts...)...)
 	if err != nil {
@@ -130,7 +138,7 @@ func (p *publishing) publish(ctx context.Context, brokers []string, topic string
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(150 * time.Millisecond):
+		case <-time.After(gap):
 		}
 	}
 	return send(replay)

@@ -26,8 +26,9 @@ func newDemoCmd() *cobra.Command {
 ({"user_id":…,"items":[…]} with an event_id header), with --duplicates
 redeliveries among them. Several group members consume while, every
 --rebalance-every, one leaves (or crashes without committing) and another
-joins; once everything is published, --replay of the events are published
-again. It prints progress, then a summary read back from Postgres, and
+joins; the stream is spread over four such periods, so that members leave
+and one crashes while records still arrive. Once everything is published,
+--replay of the events are published again. It prints progress, then a summary read back from Postgres, and
 exits 1 unless every effect happened exactly once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
