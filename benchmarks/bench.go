@@ -40,7 +40,7 @@ type Run struct {
 	UniqueEventsPerSec float64  `json:"unique_events_per_sec"`
 	RecordsPerSec      float64  `json:"records_consumed_per_sec"`
 	RecordsConsumed    int64    `json:"records_consumed"`
-	RecordsFetched     int64    `json:"records_fetched,omitempty"` // decoded from fetches: consumed plus dropped unpolled
+	RecordsFetched     int64    `json:"records_fetched,omitempty"` // decoded from fetches, delivered or not (processor.Stats.RecordsFetched)
 	SkippedLRU         int64    `json:"skipped_lru"`
 	SkippedPostgres    int64    `json:"skipped_postgres"`
 	BatchP50Ms         float64  `json:"batch_p50_ms"`

@@ -64,7 +64,9 @@ func (m *Metrics) OnBatch(b processor.BatchInfo) {
 
 var (
 	descRecords   = prometheus.NewDesc("onceflow_records_consumed_total", "Records received from Kafka, duplicates included.", nil, nil)
-	descFetched   = prometheus.NewDesc("onceflow_records_fetched_total", "Records decoded from fetch responses: consumed, plus those franz-go dropped for a partition paused while its fetch was in flight (fetched again on resume).", nil, nil)
+	descFetched   = prometheus.NewDesc("onceflow_records_fetched_total", "Records decoded from fetch responses, including ones never delivered: a paused partition's in-flight fetch (fetched again), fetches discarded by a rebalance or seek, aborted transactions' records and markers, records before the fetch offset.", nil, nil)
+	descQueued    = prometheus.NewDesc("onceflow_queued_records", "Records fetched and waiting in the partitions' queues for their worker.", nil, nil)
+	descQueuedB   = prometheus.NewDesc("onceflow_queued_value_bytes", "Value bytes of the records waiting in the partitions' queues.", nil, nil)
 	descApplied   = prometheus.NewDesc("onceflow_events_applied_total", "(event, handler) pairs applied.", nil, nil)
 	descSkipped   = prometheus.NewDesc("onceflow_duplicates_skipped_total", "(event, handler) pairs skipped as duplicates, by layer.", []string{"layer"}, nil)
 	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
@@ -85,7 +87,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecords, descFetched, descApplied, descSkipped, descDead, descConflicts, descBatches, descRetries,
+	for _, d := range []*prometheus.Desc{descRecords, descFetched, descQueued, descQueuedB, descApplied, descSkipped, descDead, descConflicts, descBatches, descRetries,
 		descFenced, descPublished, descRange, descRetrying, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
 		ch <- d
 	}
@@ -113,6 +115,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descRecords, t.RecordsConsumed)
 	counter(descFetched, t.RecordsFetched)
+	gauge(descQueued, float64(t.QueuedRecords))
+	gauge(descQueuedB, float64(t.QueuedBytes))
 	counter(descApplied, t.Applied)
 	counter(descSkipped, t.SkippedLRU, "lru")
 	counter(descSkipped, t.SkippedPostgres, "postgres")

@@ -135,9 +135,10 @@ const (
 	DefaultFetchMaxBytes = 16 << 20
 	// DefaultFetchMaxPartitionBytes is a quarter of Kafka's 1 MiB: a poll
 	// queues each partition's whole share, on top of what the queue holds
-	// when it is paused, so the share is what a partition's memory grows
-	// by. At 1 MiB a 12-partition member draining a backlog peaked at
-	// 339 MiB instead of 150, for the same rate (PROFILE.md).
+	// when it is paused, so a queue grows past its high water by a share
+	// decompressed (or by a larger first record batch, which Kafka returns
+	// whole). At 1 MiB a 12-partition member draining a backlog peaked at
+	// 339 MiB instead of 150, for the same rate (benchmarks/PROFILE.md).
 	DefaultFetchMaxPartitionBytes = 256 << 10
 	// MaxFetchBytes is the largest FetchMaxBytes accepted: franz-go's
 	// default BrokerMaxReadBytes, which a response may not exceed.

@@ -49,8 +49,14 @@ type BatchInfo struct {
 
 // Stats are a Consumer's counters since New.
 type Stats struct {
-	RecordsConsumed      int64 // records received from Kafka, duplicates included
-	RecordsFetched       int64 // records decoded from fetch responses: RecordsConsumed plus those dropped unpolled (a paused partition's buffered records, fetched again later)
+	RecordsConsumed int64 // records received from Kafka, duplicates included
+	// RecordsFetched counts the records decoded from fetch responses,
+	// delivered or not: beyond RecordsConsumed, a paused partition's
+	// in-flight fetch (fetched again on resume), fetches a rebalance or a
+	// seek discarded, aborted transactions' records and markers, records
+	// before the fetch offset in a partition's first batch, and records
+	// of partitions this member no longer writes.
+	RecordsFetched       int64
 	Batches              int64 // batches committed
 	Applied              int64 // (event, handler) pairs applied
 	SkippedLRU           int64
@@ -66,6 +72,8 @@ type Stats struct {
 	Lost                 int64
 	Workers              int64 // partition workers running now
 	Retrying             int64 // partitions whose batch is waiting to be retried now
+	QueuedRecords        int64 // records in the partitions' queues now, waiting for their worker
+	QueuedBytes          int64 // their values' bytes
 }
 
 // Plus returns the field-by-field sum of s and o, to total several members.
@@ -87,6 +95,8 @@ func (s Stats) Plus(o Stats) Stats {
 	s.Lost += o.Lost
 	s.Workers += o.Workers
 	s.Retrying += o.Retrying
+	s.QueuedRecords += o.QueuedRecords
+	s.QueuedBytes += o.QueuedBytes
 	return s
 }
 
@@ -229,7 +239,9 @@ func (c *Consumer) Lag() []PartitionLag {
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
 	s := &c.stats
+	qr, qb := c.queued()
 	return Stats{
+		QueuedRecords: qr, QueuedBytes: qb,
 		RecordsConsumed: s.records.Load(), RecordsFetched: s.fetched.Load(), Batches: s.batches.Load(), Applied: s.applied.Load(),
 		SkippedLRU: s.skippedLRU.Load(), SkippedPostgres: s.skippedPG.Load(), DeadLetters: s.dead.Load(),
 		DeadLettersPublished: s.published.Load(), Fenced: s.fenced.Load(), Retries: s.retries.Load(),
@@ -237,6 +249,23 @@ func (c *Consumer) Stats() Stats {
 		Lost: s.lost.Load(), Workers: s.workers.Load(), Retrying: s.retrying.Load(),
 		Conflicts: s.conflicts.Load(),
 	}
+}
+
+// queued sums the records waiting in the workers' queues, and their
+// values' bytes.
+func (c *Consumer) queued() (records, bytes int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.parts {
+		if p.w == nil {
+			continue
+		}
+		p.w.mu.Lock()
+		records += int64(len(p.w.queue))
+		bytes += int64(p.w.qbytes)
+		p.w.mu.Unlock()
+	}
+	return records, bytes
 }
 
 // Run joins the group and processes records until ctx is canceled, then
@@ -334,7 +363,7 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 // behind a long poll of partitions that have nothing new.
 const fetchMaxWait = 500 * time.Millisecond
 
-// pollWait bounds one PollRecords, so the loop also takes fenced
+// pollWait bounds one poll, so the loop also takes fenced
 // partitions again when nothing arrives.
 const pollWait = 500 * time.Millisecond
 

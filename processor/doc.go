@@ -28,8 +28,9 @@
 //
 // # Memory
 //
-// What a Consumer holds of the stream is bounded by configuration, not by
-// the backlog:
+// What a Consumer holds of the stream is bounded by configuration and by
+// what the producers wrote (their batch sizes, how well the data
+// compresses), not by the backlog:
 //
 //   - fetches: franz-go keeps at most one fetch response per broker,
 //     either in flight or buffered, and sends that broker its next fetch
@@ -41,19 +42,27 @@
 //   - queues: each poll moves everything buffered into the partitions'
 //     queues, and a partition whose queue reached twice BatchMaxRecords
 //     (at least 256 records) or twice BatchMaxBytes of values is paused.
-//     A queue therefore holds at most its high water plus one fetch's
-//     share of the partition, and all queues together at most
-//     partitions × 2 × BatchMaxBytes of values plus the last response of
-//     each broker, plus about 200 bytes of kgo.Record per record; a
-//     partition in hand of its worker adds one batch. (A response already
-//     in flight when its partition is paused is dropped for it by
-//     franz-go and fetched again after the resume: one share per pause.)
+//     A queue therefore holds at most its high water plus one fetch share
+//     of the partition, decompressed: FetchMaxPartitionBytes on the wire
+//     times the data's compression ratio, or one larger record batch
+//     whole (Kafka returns the first partition's oversized first batch).
+//     Shares queued at different polls stay together, so all queues hold
+//     up to partitions × (high water + one decompressed share), plus
+//     about 200 bytes of kgo.Record per record; a partition in hand of its
+//     worker adds one batch. Stats.QueuedRecords and QueuedBytes say what
+//     is queued now. (A response already in flight when its partition is
+//     paused is dropped for it by franz-go and fetched again after the
+//     resume: one share per pause.) Keeping the share small keeps this
+//     small; a share below the producers' compressed batches makes each
+//     response carry one partition's batch, which costs round trips only
+//     with a distant broker.
 //
 // Record keys and values are not copied: franz-go decodes them in place,
 // in the response (uncompressed batches) or in the batch's decompressed
 // buffer, and allocates each batch's kgo.Records as one slice. A queued
-// record therefore keeps its batch's buffer and records alive, so while
-// queues are full a member holds somewhat more than the values it queues.
+// record therefore keeps its batch's buffer and records alive (for an
+// uncompressed batch, the whole response it came in), so while queues
+// are full a member holds more than the values it queues.
 // With the defaults (16 MiB, 256 KiB, 1000 records, 4 MiB) and records of a
 // few hundred bytes, fetches and queues stay in the tens of MiB; the LRU
 // of package dedup adds about 200 bytes per entry (20 MiB at 100000).

@@ -401,3 +401,61 @@ func TestBacklogIsFetchedOnce(t *testing.T) {
 		}
 	})
 }
+
+// While its worker is stuck, a partition's queue fills to its high water
+// and its fetching pauses: the queue holds at most the high water plus
+// one fetch share (Stats.QueuedRecords, "Memory" in the package doc), the
+// rest of the backlog stays in Kafka, and it is all applied once the
+// worker goes on.
+func TestStuckWorkerQueueIsBounded(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(5000, 0, 11)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Small producer batches, so a share is not one oversized batch.
+		cl := e.client(kgo.DefaultProduceTopic(e.topic), kgo.ProducerBatchMaxBytes(8<<10))
+		recs := make([]*kgo.Record, len(stream.Messages))
+		for i, m := range stream.Messages {
+			recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
+		}
+		if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		cfg := e.config("m1") // BatchMaxRecords 100: the queue pauses at 256
+		cfg.FetchMaxPartitionBytes = 16 << 10
+		gate := &gateWriter{Writer: e.writer(0), arrived: make(chan struct{}), gate: make(chan struct{})}
+		m := e.start(cfg, gate)
+		<-gate.arrived
+		// The queue stops growing once paused; wait until it has been
+		// still for a second.
+		var last processor.Stats
+		for still := 0; still < 10; {
+			time.Sleep(100 * time.Millisecond)
+			s := m.c.Stats()
+			if s.QueuedRecords == last.QueuedRecords {
+				still++
+			} else {
+				still = 0
+			}
+			last = s
+		}
+		t.Logf("stuck worker: %d records queued (%d value bytes), %d consumed of %d", last.QueuedRecords, last.QueuedBytes, last.RecordsConsumed, len(recs))
+		const highWater, share = 256, 600 // a 16 KiB share holds a few hundred of these records
+		if last.QueuedRecords < highWater || last.QueuedRecords > highWater+share || last.QueuedBytes <= 0 {
+			t.Errorf("stuck worker's queue holds %d records (%d value bytes), want %d..%d",
+				last.QueuedRecords, last.QueuedBytes, highWater, highWater+share)
+		}
+		if last.RecordsConsumed >= int64(len(recs)) {
+			t.Errorf("consumed all %d records while the worker was stuck: the partition was not paused", last.RecordsConsumed)
+		}
+		close(gate.gate)
+		e.waitProcessed(int64(len(stream.Unique)), 90*time.Second)
+		m.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+		if s := m.c.Stats(); s.QueuedRecords != 0 {
+			t.Errorf("%d records still queued after the member stopped", s.QueuedRecords)
+		}
+	})
+}
