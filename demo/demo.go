@@ -55,6 +55,9 @@ func (o Options) Validate() error {
 	if o.RebalanceEvery < 100*time.Millisecond {
 		bad("--rebalance-every %v: must be at least 100ms", o.RebalanceEvery)
 	}
+	if o.Timeout <= 4*o.RebalanceEvery {
+		bad("--timeout %v: must be longer than four --rebalance-every (%v), over which the stream is published", o.Timeout, o.RebalanceEvery)
+	}
 	if !identifier.MatchString(o.Schema) || o.Schema == "public" {
 		bad("--demo-schema %q: must be a lower-case identifier other than public (the demo drops it)", o.Schema)
 	}

@@ -80,7 +80,7 @@ func TestRunInterrupted(t *testing.T) {
 
 func TestOptionsValidate(t *testing.T) {
 	err := demo.Options{Events: 0, Partitions: 0, Members: 1, RebalanceEvery: time.Second, Schema: "public"}.Validate()
-	for _, want := range []string{"--events 0", "--partitions 0", `--demo-schema "public"`} {
+	for _, want := range []string{"--events 0", "--partitions 0", `--demo-schema "public"`, "--timeout 0s"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v, want it to name %s", err, want)
 		}
