@@ -59,7 +59,9 @@ func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, e
 	return p, nil
 }
 
-// startCPU starts the CPU profile into -cpuprofile, if set.
+// startCPU starts the profiles of the profiled part of a run: the CPU
+// profile into -cpuprofile, and -memprofile's base (stop writes the
+// allocations since), each if set.
 func (p *profile) startCPU() error {
 	if p.b.o.memprofile != "" && !p.mem {
 		if err := writeAllocs(p.b.o.memprofile + ".base"); err != nil {
@@ -110,7 +112,7 @@ func (p *profile) done(ctx context.Context, r *Run) error {
 	return nil
 }
 
-// stop ends the CPU profile, if one runs.
+// stop ends the profiles startCPU started, if any.
 func (p *profile) stop() error {
 	if p.mem {
 		p.mem = false

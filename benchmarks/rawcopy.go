@@ -16,8 +16,8 @@ import (
 // emails_sent rows by binary COPY, the counters by the handlers' own
 // set-based upserts, -batch events per transaction, on the -pool
 // connections the scenarios' members share — the same split as the
-// ceiling. The
-// scenarios' ratios to it say how close onceflow is to the hardware.
+// ceiling. The scenarios' ratios to it say how close onceflow is to the
+// hardware.
 func (b *bench) rawCopy(ctx context.Context) (*Run, error) {
 	d, err := b.direct(ctx, "raw-copy", true)
 	if err != nil {

@@ -102,8 +102,7 @@ func (s Stats) Plus(o Stats) Stats {
 
 type counters struct {
 	records, batches, applied, skippedLRU, skippedPG, dead, published, fenced, retries atomic.Int64
-	outOfRange, assigned, revoked, lost, workers, retrying, conflicts                  atomic.Int64
-	fetched                                                                            atomic.Int64
+	outOfRange, assigned, revoked, lost, workers, retrying, conflicts, fetched         atomic.Int64
 }
 
 // Consumer is one consumer-group member. Create it with New, run it with
@@ -376,8 +375,9 @@ const pollWait = 500 * time.Millisecond
 // partition's buffered records when it is next polled, to fetch (and
 // decompress) them again after it resumes: with a poll of a few batches
 // and fetches of a megabyte a partition, a backlog was decoded five times
-// over (TestBacklogIsFetchedOnce). The memory this takes is the fetch's,
-// bounded already (see "Memory" in the package doc).
+// over (TestBacklogIsFetchedOnce). What it costs is memory: a queue grows
+// past its high water by one decompressed share ("Memory" in the package
+// doc).
 func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, pollWait)

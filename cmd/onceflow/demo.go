@@ -28,8 +28,9 @@ redeliveries among them. Several group members consume while, every
 --rebalance-every, one leaves (or crashes without committing) and another
 joins; the stream is spread over four such periods, so that members leave
 and one crashes while records still arrive. Once everything is published,
---replay of the events are published again. It prints progress, then a summary read back from Postgres, and
-exits 1 unless every effect happened exactly once.`,
+--replay of the events are published again. It prints progress, then a
+summary read back from Postgres, and exits 1 unless every effect happened
+exactly once.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.Validate(); err != nil {
