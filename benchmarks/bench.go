@@ -53,6 +53,10 @@ type Run struct {
 	Problems           []string `json:"problems"`
 	Samples            []Sample `json:"samples"`
 	Marks              []Mark   `json:"marks"`
+	// FromCheckpoint: the run began right after a CHECKPOINT (see
+	// checkpoint); Checkpoints is how many the server began during it.
+	FromCheckpoint bool   `json:"from_checkpoint"`
+	Checkpoints    *int64 `json:"checkpoints,omitempty"`
 	// With -spans: span durations by name, the CPU split, and
 	// Postgres' statistics of the run's tables and WAL.
 	SpanStats []SpanStat `json:"span_stats,omitempty"`
@@ -89,6 +93,9 @@ type bench struct {
 	tp       trace.TracerProvider
 	pgTracer pgx.QueryTracer
 	prof     *profile // the running run's, for drive (runs are one at a time)
+	// noCheckpoint: CHECKPOINT was refused once (said then); runs start
+	// wherever the server's checkpoint cycle is.
+	noCheckpoint bool
 }
 
 // env is one run's topic, group and schema.
@@ -99,7 +106,11 @@ type env struct {
 	schema  string
 	app     string // the pool's application_name
 	pool    *pgxpool.Pool
-	close   func()
+	// probe is the harness's own connection, for what it reads while a
+	// run goes (the records committed): on the members' pool, each read
+	// would wait for a connection behind their batches, and take one.
+	probe *pgxpool.Pool
+	close func()
 }
 
 func (b *bench) newEnv(ctx context.Context, name string) (*env, error) {
@@ -131,6 +142,15 @@ func (b *bench) newEnv(ctx context.Context, name string) (*env, error) {
 		_, _ = e.pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{e.schema}.Sanitize()+` CASCADE`)
 		e.pool.Close()
 	})
+	probe := pc.Copy()
+	probe.MaxConns = 1
+	probe.ConnConfig.Tracer = nil
+	probe.ConnConfig.RuntimeParams["application_name"] = e.app + "-harness"
+	if e.probe, err = pgxpool.NewWithConfig(ctx, probe); err != nil {
+		e.close()
+		return nil, err
+	}
+	closers = append(closers, e.probe.Close)
 	if err := sink.Migrate(ctx, e.pool, e.schema); err != nil {
 		e.close()
 		return nil, err
@@ -198,7 +218,7 @@ func (e *env) preload(ctx context.Context, msgs []orders.Message) error {
 }
 
 func (e *env) committed(ctx context.Context) (int64, error) {
-	return members.Committed(ctx, e.pool, e.schema, e.group)
+	return members.Committed(ctx, e.probe, e.schema, e.group)
 }
 
 // group is the members of one run's consumer group, with every batch's

@@ -34,8 +34,8 @@ func markdown(rep *Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Command: `%s`  \nBuild: %s  \nMachine: %s  \nBroker: %s; handlers: %s; started %s\n\n",
 		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.Broker, strings.Join(rep.Handlers, ", "), rep.StartedAt.Format("2006-01-02 15:04 UTC"))
-	b.WriteString("| run | records | unique events | seconds | unique events/s | records consumed/s | skipped LRU / Postgres | batch p50 / p99 ms | changes | recovery median / max ms | peak RSS MiB | exactly once |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| run | records | unique events | seconds | unique events/s | records consumed/s | skipped LRU / Postgres | batch p50 / p99 ms | changes | recovery median / max ms | checkpoints | peak RSS MiB | exactly once |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rep.Runs {
 		once := "yes"
 		if !r.ExactlyOnce {
@@ -45,9 +45,16 @@ func markdown(rep *Report) string {
 		if r.Changes > 0 {
 			rec = fmt.Sprintf("%.0f / %.0f", r.RecoveryMedianMs, r.RecoveryMaxMs)
 		}
-		fmt.Fprintf(&b, "| %s (%s) | %d | %d | %.1f | %.0f | %.0f | %d / %d | %.1f / %.1f | %d | %s | %.0f | %s |\n",
+		cps := "–"
+		if r.Checkpoints != nil {
+			cps = fmt.Sprint(*r.Checkpoints)
+			if !r.FromCheckpoint {
+				cps += " (not from one)"
+			}
+		}
+		fmt.Fprintf(&b, "| %s (%s) | %d | %d | %.1f | %.0f | %.0f | %d / %d | %.1f / %.1f | %d | %s | %s | %.0f | %s |\n",
 			r.Name, r.Kind, r.Records, r.UniqueEvents, r.Seconds, r.UniqueEventsPerSec, r.RecordsPerSec,
-			r.SkippedLRU, r.SkippedPostgres, r.BatchP50Ms, r.BatchP99Ms, r.Changes, rec, r.PeakRSSMiB, once)
+			r.SkippedLRU, r.SkippedPostgres, r.BatchP50Ms, r.BatchP99Ms, r.Changes, rec, cps, r.PeakRSSMiB, once)
 	}
 	if len(rep.Ratios) > 0 {
 		b.WriteString("\n| scenario | vs raw-copy | vs ceiling | vs per-record-dedup | vs naive-per-record |\n|---|---:|---:|---:|---:|\n")
@@ -69,6 +76,7 @@ func markdown(rep *Report) string {
 	b.WriteString("\nunique events/s: distinct events whose effects were applied, per second of the run. " +
 		"records consumed/s includes duplicates and re-reads. Batch latency: from a batch closing to its COMMIT. " +
 		"Recovery: time from a membership change until the applied rate over the last 500 ms (wholly after the change) is back to 90% of the rate of the 2 s before it (changes after which the stream ended first are left out). " +
+		"Checkpoints: those the server began during the run; each run starts right after a CHECKPOINT (unless \"not from one\": the role lacks pg_checkpoint), so runs that write the same WAL meet theirs at the same places. " +
 		"Peak RSS: the whole benchmark process (kfake included when embedded). " +
 		"The naive baseline is at-least-once: its \"no\" is the doubled effects of duplicates.\n")
 	return b.String()

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -64,4 +66,35 @@ WHERE t.schemaname = $1 ORDER BY pg_total_relation_size(t.relid) DESC, t.relname
 		return nil, fmt.Errorf("read table statistics: %w", err)
 	}
 	return out, nil
+}
+
+// checkpoints returns how many checkpoints the server has begun, timed or
+// requested, since its statistics were reset.
+func checkpoints(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("read pg_stat_bgwriter: %w", err)
+	}
+	return n, nil
+}
+
+// checkpoint runs CHECKPOINT, so that a run starts where every run
+// starts in the server's checkpoint cycle: right after one. A run writes
+// 0.5–2 GB of WAL, so with max_wal_size's default of 1 GB the server
+// checkpoints during runs wherever its cycle falls, and a checkpoint
+// taxes the writes after it with full-page images (every index page of a
+// random uuid key touched again). Started from a checkpoint, runs of the
+// same WAL meet theirs at the same places. ok is false when the role may
+// not checkpoint (it needs pg_checkpoint, PostgreSQL 15+, or superuser).
+func checkpoint(ctx context.Context, pool *pgxpool.Pool) (ok bool, err error) {
+	_, err = pool.Exec(ctx, `CHECKPOINT`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checkpoint: %w", err)
+	}
+	return true, nil
 }

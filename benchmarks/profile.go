@@ -18,8 +18,10 @@ type profile struct {
 	cpuFile *os.File // the running CPU profile, nil when none
 	cpu     cpuSnap
 	wal     WAL
-	on      bool // -spans
-	mem     bool // -memprofile's base is written: stop writes the profile
+	cps     int64 // checkpoints begun before the run
+	fromCP  bool  // the run began right after a CHECKPOINT
+	on      bool  // -spans
+	mem     bool  // -memprofile's base is written: stop writes the profile
 }
 
 // writeAllocs writes the allocations of this process so far (-memprofile).
@@ -40,6 +42,22 @@ func writeAllocs(path string) error {
 // is the one -cpuprofile profiles.
 func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, error) {
 	p := &profile{b: b, e: e, on: b.spans != nil}
+	if !b.noCheckpoint {
+		ok, err := checkpoint(ctx, e.probe)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			b.noCheckpoint = true
+			b.log.Warn("runs start wherever the server's checkpoint cycle is: the role may not CHECKPOINT " +
+				"(GRANT pg_checkpoint TO it, as infra/postgres.sh does); a checkpoint during a run slows its writes after it")
+		}
+		p.fromCP = ok
+	}
+	var err error
+	if p.cps, err = checkpoints(ctx, e.probe); err != nil {
+		return nil, err
+	}
 	if p.on {
 		b.spans.take() // migrations and anything before the members start
 		pids, pm, err := runBackends(ctx, e.pool, e.app)
@@ -89,6 +107,12 @@ func (p *profile) done(ctx context.Context, r *Run) error {
 	if err := p.stop(); err != nil {
 		return err
 	}
+	cps, err := checkpoints(ctx, p.e.probe)
+	if err != nil {
+		return err
+	}
+	cps -= p.cps
+	r.FromCheckpoint, r.Checkpoints = p.fromCP, &cps
 	if !p.on {
 		return nil
 	}
