@@ -55,8 +55,11 @@ type Run struct {
 	Marks              []Mark   `json:"marks"`
 	// FromCheckpoint: the run began right after a CHECKPOINT (see
 	// checkpoint); Checkpoints is how many the server began during it.
-	FromCheckpoint bool   `json:"from_checkpoint"`
-	Checkpoints    *int64 `json:"checkpoints,omitempty"`
+	FromCheckpoint bool `json:"from_checkpoint"`
+	// Rounds is the unique events/s of every round of this run (-rounds),
+	// in the order they ran; this run is their median.
+	Rounds      []float64 `json:"rounds,omitempty"`
+	Checkpoints *int64    `json:"checkpoints,omitempty"`
 	// With -spans: span durations by name, the CPU split, and
 	// Postgres' statistics of the run's tables and WAL.
 	SpanStats []SpanStat `json:"span_stats,omitempty"`

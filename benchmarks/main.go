@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +47,7 @@ type options struct {
 	cpuprofOf   string // the scenario -cpuprofile profiles, or "replay-reread"
 	memprofile  string
 	brokerPID   int
+	rounds      int
 }
 
 func parseFlags() (options, error) {
@@ -74,6 +77,8 @@ func parseFlags() (options, error) {
 	flag.StringVar(&o.cpuprofOf, "cpuprofile-of", "steady", "the scenario -cpuprofile profiles: steady, storm, replay, or replay-reread "+
 		"(only the replay's re-read of the half it had applied, from the rewind until the group has committed that half again)")
 	flag.IntVar(&o.brokerPID, "broker-pid", 0, "with -spans, the broker's pid, to count its CPU too")
+	flag.IntVar(&o.rounds, "rounds", 1, "run the scenarios, raw-copy and ceiling this many times, round by round, and report "+
+		"each one's median run by rate (rates move 10–20 % between identical runs on a small machine); the per-record baselines run once")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
 	if o.short {
@@ -100,6 +105,12 @@ func parseFlags() (options, error) {
 	}
 	if o.partitions < 1 || o.members < 1 || o.batch < 1 || o.poolSize < 1 {
 		ps = append(ps, errors.New("-partitions, -members, -batch and -pool must be at least 1"))
+	}
+	if o.rounds < 1 {
+		ps = append(ps, errors.New("-rounds must be at least 1"))
+	}
+	if o.rounds > 1 && (o.cpuprofile != "" || o.memprofile != "") {
+		ps = append(ps, errors.New("-cpuprofile and -memprofile profile one run: use them with -rounds 1"))
 	}
 	if _, err := orders.Handlers("public", o.handlers...); err != nil {
 		ps = append(ps, fmt.Errorf("-handlers: %w", err))
@@ -213,21 +224,43 @@ func run(ctx context.Context, o options) error {
 		b.tp, b.pgTracer = tp, pt
 	}
 
-	for _, s := range o.scenarios {
-		r, err := b.scenario(ctx, s)
-		if err != nil {
-			return fmt.Errorf("scenario %s: %w", s, err)
+	// Round by round, so that whatever drifts while the set runs (the
+	// machine's other load, the server's state) falls on every run alike.
+	rounds := map[string][]*Run{}
+	var order []string
+	add := func(r *Run) {
+		if rounds[r.Name] == nil {
+			order = append(order, r.Name)
 		}
-		rep.Runs = append(rep.Runs, r)
+		rounds[r.Name] = append(rounds[r.Name], r)
 	}
-	if o.baselines {
+	for round := 1; round <= o.rounds; round++ {
+		if o.rounds > 1 {
+			progress("round %d of %d", round, o.rounds)
+		}
+		for _, s := range o.scenarios {
+			r, err := b.scenario(ctx, s)
+			if err != nil {
+				return fmt.Errorf("scenario %s: %w", s, err)
+			}
+			add(r)
+		}
+		if !o.baselines {
+			continue
+		}
 		for _, name := range baselineNames {
+			if round < o.rounds && (name == "per-record-dedup" || name == "naive-per-record") {
+				continue // slow, and far from the scenarios: once is enough
+			}
 			r, err := b.baseline(ctx, name)
 			if err != nil {
 				return fmt.Errorf("baseline %s: %w", name, err)
 			}
-			rep.Runs = append(rep.Runs, r)
+			add(r)
 		}
+	}
+	for _, name := range order {
+		rep.Runs = append(rep.Runs, medianRun(rounds[name]))
 	}
 	rates := map[string]float64{}
 	for _, r := range rep.Runs {
@@ -244,10 +277,12 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	failed := 0
-	for _, r := range rep.Runs {
-		if r.Kind == "scenario" && !r.ExactlyOnce {
-			failed++
-			fmt.Fprintf(os.Stderr, "benchmarks: scenario %s: effects NOT exactly once: %v\n", r.Name, r.Problems)
+	for _, name := range order {
+		for _, r := range rounds[name] {
+			if r.Kind == "scenario" && !r.ExactlyOnce {
+				failed++
+				fmt.Fprintf(os.Stderr, "benchmarks: scenario %s: effects NOT exactly once: %v\n", r.Name, r.Problems)
+			}
 		}
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s\n", strings.Join([]string{filepath.Join(o.out, "results.json"), filepath.Join(o.out, "results.md"),
@@ -256,6 +291,30 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("%d scenarios failed the exactly-once check", failed)
 	}
 	return nil
+}
+
+// medianRun returns the run to report of one name's rounds: the median by
+// unique events/s (the lower of the two middle ones for an even count),
+// with every round's rate in Rounds when there are several; or the first
+// round whose effects were not exactly once, which no median may hide.
+func medianRun(rs []*Run) *Run {
+	for _, r := range rs {
+		if !r.ExactlyOnce {
+			return r
+		}
+	}
+	if len(rs) == 1 {
+		return rs[0]
+	}
+	rates := make([]float64, len(rs))
+	for i, r := range rs {
+		rates[i] = r.UniqueEventsPerSec
+	}
+	byRate := slices.Clone(rs)
+	slices.SortStableFunc(byRate, func(a, b *Run) int { return cmp.Compare(a.UniqueEventsPerSec, b.UniqueEventsPerSec) })
+	m := byRate[(len(byRate)-1)/2]
+	m.Rounds = rates
+	return m
 }
 
 // baselineNames are the baselines, in the order they run and are reported.

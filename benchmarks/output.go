@@ -56,6 +56,7 @@ func markdown(rep *Report) string {
 			r.Name, r.Kind, r.Records, r.UniqueEvents, r.Seconds, r.UniqueEventsPerSec, r.RecordsPerSec,
 			r.SkippedLRU, r.SkippedPostgres, r.BatchP50Ms, r.BatchP99Ms, r.Changes, rec, cps, r.PeakRSSMiB, once)
 	}
+	writeRounds(&b, rep)
 	if len(rep.Ratios) > 0 {
 		b.WriteString("\n| scenario | vs raw-copy | vs ceiling | vs per-record-dedup | vs naive-per-record |\n|---|---:|---:|---:|---:|\n")
 		byScenario := map[string]map[string]float64{}
@@ -80,6 +81,29 @@ func markdown(rep *Report) string {
 		"Peak RSS: the whole benchmark process (kfake included when embedded). " +
 		"The naive baseline is at-least-once: its \"no\" is the doubled effects of duplicates.\n")
 	return b.String()
+}
+
+// writeRounds lists every round's rate of the runs that had several
+// (-rounds), of which the table shows the median.
+func writeRounds(b *strings.Builder, rep *Report) {
+	head := false
+	for _, r := range rep.Runs {
+		if len(r.Rounds) < 2 {
+			continue
+		}
+		if !head {
+			fmt.Fprintf(b, "\nEach run with rounds is the median of its rounds by unique events/s (ratios are of medians); every round, in the order run:\n\n"+
+				"| run | unique events/s of each round | spread (max/min) |\n|---|---|---:|\n")
+			head = true
+		}
+		rates := make([]string, len(r.Rounds))
+		lo, hi := r.Rounds[0], r.Rounds[0]
+		for i, x := range r.Rounds {
+			rates[i] = fmt.Sprintf("%.0f", x)
+			lo, hi = min(lo, x), max(hi, x)
+		}
+		fmt.Fprintf(b, "| %s | %s | %.2f |\n", r.Name, strings.Join(rates, ", "), hi/lo)
+	}
 }
 
 func plotRun(path string, r *Run, handlers int) error {
