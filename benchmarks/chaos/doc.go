@@ -41,7 +41,10 @@
 // From the seed: -events unique orders (orders.Generate) and
 // -duplicates redeliveries of them (same id and payload; 30% on another
 // partition than the first copy), with poison spread among them, published
-// with acks=all and idempotence over 85% of -duration. Poison kinds
+// with acks=all and idempotence: the first -backlog share at once, before
+// any member starts (25%, 50% with -short: more than a partition's queue
+// holds, so the members start with paused partitions and resume them
+// while the faults begin), the rest over 85% of -duration. Poison kinds
 // (-poison, copies = base count × -poison-scale):
 //
 //	no-id         no event_id header

@@ -32,6 +32,7 @@ type options struct {
 
 	events      int
 	duplicates  float64
+	backlog     float64 // share of the records published before the members start
 	partitions  int
 	members     int
 	batch       int
@@ -80,6 +81,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.minKills, "min-kills", 250, "at least this many SIGKILLs of members (when kill is among -faults and the window has room)")
 	fs.IntVar(&o.events, "events", 500000, "unique good events (the seed's orders)")
 	fs.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries per event (same id and payload; some on another partition)")
+	fs.Float64Var(&o.backlog, "backlog", 0.25, "share of the records published before the members start, at once: a backlog that fills their queues")
 	fs.IntVar(&o.partitions, "partitions", 12, "partitions of the source topic")
 	fs.IntVar(&o.members, "members", 3, "onceflow run members in the group (storms add more for a while)")
 	fs.IntVar(&o.batch, "batch", 500, "the members' batch.max_records")
@@ -116,6 +118,7 @@ func parseFlags(args []string) (options, error) {
 		def("settle", func() { o.settle = 60 * time.Second })
 		def("min-kills", func() { o.minKills = 0 })
 		def("events", func() { o.events = 12000 })
+		def("backlog", func() { o.backlog = 0.5 }) // ~1300 records a partition: over the 1000 a queue holds
 		def("partitions", func() { o.partitions = 6 })
 		def("poison-scale", func() { o.poisonScale = 1 })
 	}
@@ -130,6 +133,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.poison, err = parsePoison(poison); err != nil {
 		ps = append(ps, fmt.Errorf("-poison: %w", err))
+	}
+	if o.backlog < 0 || o.backlog >= 1 {
+		ps = append(ps, fmt.Errorf("-backlog %v: a share, at least 0 and under 1", o.backlog))
 	}
 	if o.events < 1 || o.partitions < 1 || o.members < 1 || o.batch < 1 || o.poisonScale < 0 {
 		ps = append(ps, errors.New("-events, -partitions, -members and -batch must be at least 1, -poison-scale at least 0"))

@@ -136,11 +136,11 @@ func newProducerClient(brokers []string) (*kgo.Client, error) {
 	)
 }
 
-// publish sends the workload's records in order, paced so that the last is
-// sent at about the end of window, and resends the content of every record
+// publish sends recs in order, paced so that the last is sent at about the
+// end of window (0: at once), and resends the content of every record
 // whose produce failed (at most 10 rounds). It returns when every record
 // has an answer, or ctx ends. The ledger holds the answers.
-func publish(ctx context.Context, cl *kgo.Client, topic string, w *workload, l *ledger, window time.Duration, progress func(done int)) error {
+func publish(ctx context.Context, cl *kgo.Client, topic string, recs []record, l *ledger, window time.Duration) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var failed []*record
@@ -165,8 +165,8 @@ func publish(ctx context.Context, cl *kgo.Client, topic string, w *workload, l *
 		})
 	}
 	start := time.Now()
-	per := window / time.Duration(max(1, len(w.Records)))
-	for i := range w.Records {
+	per := window / time.Duration(max(1, len(recs)))
+	for i := range recs {
 		if d := time.Until(start.Add(time.Duration(i) * per)); d > 0 {
 			select {
 			case <-ctx.Done():
@@ -174,10 +174,7 @@ func publish(ctx context.Context, cl *kgo.Client, topic string, w *workload, l *
 			case <-time.After(d):
 			}
 		}
-		send(&w.Records[i])
-		if progress != nil && (i+1)%1000 == 0 {
-			progress(i + 1)
-		}
+		send(&recs[i])
 	}
 	for round := 0; ; round++ {
 		wg.Wait()

@@ -154,6 +154,22 @@ func run(ctx context.Context, o options) (int, error) {
 		len(w.Records), len(w.Orders), len(w.Records)-len(w.Orders)-poison, poison, o.duration, o.partitions, topic)
 	tl.add("schedule: %d faults over %v (%s); %s", len(sched), o.duration, countKinds(sched), filepath.Join(dir, "schedule.txt"))
 
+	// The backlog (-backlog) goes out before any member runs: they start
+	// behind, with more waiting than their queues hold, so partitions are
+	// paused at their high water and resumed while the faults begin.
+	prod, err := newProducerClient(c.svc.brokers())
+	if err != nil {
+		return exitSetup, err
+	}
+	defer prod.Close()
+	upfront := int(float64(len(w.Records)) * o.backlog)
+	if upfront > 0 {
+		if err := publish(ctx, prod, topic, w.Records[:upfront], led, 0); err != nil {
+			return exitSetup, fmt.Errorf("publish the backlog: %w", err)
+		}
+		tl.add("backlog: %d records published before the members start", upfront)
+	}
+
 	env := memberEnv(o.memberEnv)
 	if c.members, err = newMemberSet(o.bin, dir, mcfg, env, tl); err != nil {
 		return exitSetup, err
@@ -171,12 +187,7 @@ func run(ctx context.Context, o options) (int, error) {
 		return exitSetup, err
 	}
 
-	// Publish and inject faults at the same time.
-	prod, err := newProducerClient(c.svc.brokers())
-	if err != nil {
-		return exitSetup, err
-	}
-	defer prod.Close()
+	// Publish the rest and inject faults at the same time.
 	pubCtx, cancelPub := context.WithCancel(ctx)
 	var pub sync.WaitGroup
 	defer pub.Wait() // before the client closes
@@ -185,7 +196,7 @@ func run(ctx context.Context, o options) (int, error) {
 	pub.Add(1)
 	go func() {
 		defer pub.Done()
-		pubDone <- publish(pubCtx, prod, topic, w, led, o.duration*85/100, nil)
+		pubDone <- publish(pubCtx, prod, topic, w.Records[upfront:], led, o.duration*85/100)
 	}()
 	c.runFaults(ctx, sched)
 	if ctx.Err() != nil {
