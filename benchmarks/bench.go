@@ -253,7 +253,7 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 		tune(&cfg)
 	}
 	cfg.TracerProvider = b.tp
-	g.Group = members.NewGroup(members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000,
+	g.Group = members.NewGroup(members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000, Kill: b.o.crash == "kill",
 		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Parse: orders.ParseEvent, Logger: b.log, TracerProvider: b.tp}}))
 	return g, nil
 }

@@ -48,6 +48,7 @@ type options struct {
 	memprofile  string
 	brokerPID   int
 	rounds      int
+	crash       string // kill | abort
 }
 
 func parseFlags() (options, error) {
@@ -77,6 +78,8 @@ func parseFlags() (options, error) {
 	flag.StringVar(&o.cpuprofOf, "cpuprofile-of", "steady", "the scenario -cpuprofile profiles: steady, storm, replay, or replay-reread "+
 		"(only the replay's re-read of the half it had applied, from the rewind until the group has committed that half again)")
 	flag.IntVar(&o.brokerPID, "broker-pid", 0, "with -spans, the broker's pid, to count its CPU too")
+	flag.StringVar(&o.crash, "crash", "kill", "how a storm's crash stops a member: kill (as SIGKILL: it stays in the group until its 3s session "+
+		"times out, and a rebalance waits for that) or abort (its transactions roll back and its client leaves the group as it closes)")
 	flag.IntVar(&o.rounds, "rounds", 1, "run the scenarios, raw-copy and ceiling this many times, round by round, and report "+
 		"each one's median run by rate (rates move 10–20 % between identical runs on a small machine); the per-record baselines run once")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
@@ -106,6 +109,9 @@ func parseFlags() (options, error) {
 	if o.partitions < 1 || o.members < 1 || o.batch < 1 || o.poolSize < 1 {
 		ps = append(ps, errors.New("-partitions, -members, -batch and -pool must be at least 1"))
 	}
+	if o.crash != "kill" && o.crash != "abort" {
+		ps = append(ps, fmt.Errorf("-crash %q: kill or abort", o.crash))
+	}
 	if o.rounds < 1 {
 		ps = append(ps, errors.New("-rounds must be at least 1"))
 	}
@@ -132,11 +138,14 @@ func envOr(k, d string) string {
 
 // Report is results.json.
 type Report struct {
-	Command   string    `json:"command"`
-	Build     string    `json:"build"` // see build
-	Machine   string    `json:"machine"`
-	Broker    string    `json:"broker"`
-	Handlers  []string  `json:"handlers"`
+	Command  string   `json:"command"`
+	Build    string   `json:"build"` // see build
+	Machine  string   `json:"machine"`
+	Broker   string   `json:"broker"`
+	Handlers []string `json:"handlers"`
+	// Crash is how the storm's crashes stopped a member (-crash); empty in
+	// reports older than the flag, whose crashes aborted.
+	Crash     string    `json:"crash,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 	Runs      []*Run    `json:"runs"`
 	Ratios    []Ratio   `json:"ratios"`
@@ -214,7 +223,7 @@ func run(ctx context.Context, o options) error {
 		broker = "Apache Kafka at " + o.brokers
 	}
 	rep := &Report{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Build: build(""), Machine: machine(),
-		Broker: broker, Handlers: o.handlers, StartedAt: time.Now().UTC()}
+		Broker: broker, Handlers: o.handlers, Crash: o.crash, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
 	if o.spans {

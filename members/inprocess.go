@@ -33,6 +33,11 @@ type InProcessConfig struct {
 	Consumer processor.Config // ClientID is set to each member's name
 	Writer   sink.Config      // Cache is made per member
 	LRUSize  int              // of each member's dedup cache; 0 disables it
+	// Kill makes Crash a SIGKILL's (processor.Consumer.Kill): the member
+	// stays in the group until its session times out. Otherwise Crash
+	// aborts it (processor.Consumer.Abort), and its client leaves the
+	// group as it closes.
+	Kill bool
 	// Started, if set, is called with each member's consumer and cache
 	// before the consumer runs (to add it to metrics, for example).
 	Started func(*processor.Consumer, *dedup.Cache)
@@ -61,7 +66,9 @@ func InProcess(cfg InProcessConfig) Starter {
 		if cfg.Started != nil {
 			cfg.Started(c, cache)
 		}
-		return Run(ctx, name, c), nil
+		m := Run(ctx, name, c).(*consumer)
+		m.kill = cfg.Kill
+		return m, nil
 	}
 }
 
@@ -71,6 +78,7 @@ type consumer struct {
 	c      *processor.Consumer
 	cancel context.CancelFunc
 	done   chan error // Run's result; buffered so Run's goroutine never waits
+	kill   bool       // Crash kills rather than aborts
 
 	once sync.Once
 	err  error
@@ -93,9 +101,14 @@ func (m *consumer) Leave() error {
 	return m.wait()
 }
 
-// Crash aborts the consumer (processor.Consumer.Abort) and waits for Run.
+// Crash kills the consumer (processor.Consumer.Kill) or aborts it
+// (Abort), as InProcessConfig.Kill says, and waits for Run.
 func (m *consumer) Crash() error {
-	m.c.Abort()
+	if m.kill {
+		m.c.Kill()
+	} else {
+		m.c.Abort()
+	}
 	return m.wait()
 }
 

@@ -31,6 +31,7 @@ type env struct {
 	topic   string
 	group   string
 	schema  string
+	cfg     members.InProcessConfig
 	start   members.Starter
 }
 
@@ -67,12 +68,13 @@ func newEnv(t *testing.T, partitions int32, real []string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.start = members.InProcess(members.InProcessConfig{
+	e.cfg = members.InProcessConfig{
 		Pool: pool, LRUSize: 1000,
 		Consumer: members.Tuned(processor.Config{Brokers: e.brokers, Topics: []string{e.topic}, Group: e.group,
 			BatchMaxRecords: 100, BatchLinger: 20 * time.Millisecond}),
 		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs},
-	})
+	}
+	e.start = members.InProcess(e.cfg)
 	return e
 }
 
@@ -211,5 +213,56 @@ func TestCrashTurn(t *testing.T) {
 	}
 	if want := []bool{false, false, true, false, false, true}; !slices.Equal(got, want) {
 		t.Errorf("crash turns %v, want %v", got, want)
+	}
+}
+
+// With Kill, a crash is a SIGKILL's: the member does not leave the
+// group, so its partitions stay its own until the group's session timeout
+// (3s, Tuned) expires. Without, the aborted member's client leaves as it
+// closes.
+func TestKilledMemberStaysInTheGroup(t *testing.T) {
+	eachBroker(t, func(t *testing.T, real []string) { crashLeaves(t, real, true) })
+}
+
+func TestAbortedMemberLeavesTheGroup(t *testing.T) {
+	eachBroker(t, func(t *testing.T, real []string) { crashLeaves(t, real, false) })
+}
+
+func crashLeaves(t *testing.T, real []string, kill bool) {
+	e := newEnv(t, 2, real)
+	e.cfg.Kill = kill
+	g := members.NewGroup(members.InProcess(e.cfg))
+	defer func() { _ = g.StopAll() }()
+	m, err := g.Start(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for m.Stats().Workers < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the member has %d workers after 30s, want 2", m.Stats().Workers)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := g.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	crashed := time.Now()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	groups, err := kadm.NewClient(cl).DescribeGroups(t.Context(), e.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := groups[e.group]
+	if since := time.Since(crashed); since > 2*time.Second {
+		t.Fatalf("describing the group took %v: too long to tell a leave from the session timeout", since)
+	}
+	if want := map[bool]int{true: 1, false: 0}[kill]; len(d.Members) != want {
+		t.Errorf("kill %v: %d members in the group %v after the crash (state %s), want %d", kill,
+			len(d.Members), time.Since(crashed), d.State, want)
 	}
 }

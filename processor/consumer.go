@@ -132,10 +132,12 @@ type Consumer struct {
 
 	// hard is the parent of every worker's context; Abort cancels it, so
 	// every in-flight transaction rolls back.
-	hard       context.Context
-	cancelHard context.CancelFunc
-	cancelRun  context.CancelFunc
-	aborting   atomic.Bool
+	hard         context.Context
+	cancelHard   context.CancelFunc
+	cancelRun    context.CancelFunc
+	aborting     atomic.Bool
+	killed       atomic.Bool        // Kill: the client's context is canceled too
+	cancelClient context.CancelFunc // the client's context's (Kill); guarded by mu
 
 	ready  atomic.Pointer[error] // nil until the brokers were asked once
 	dlWake chan struct{}         // size 1: a batch committed dead letters
@@ -183,15 +185,40 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 	}, nil
 }
 
-// Abort stops Run as a crash would, as far as Kafka and Postgres can tell:
+// Abort stops Run as a crash would, as far as Postgres can tell:
 // in-flight transactions are canceled (they roll back) and no Kafka offset
-// is committed, not even those already marked. Run then returns. Whatever
+// is committed, not even those already marked. Run then returns, having
+// closed its client, which leaves the group: the partitions are assigned
+// again at once. Kill does not leave. Whatever
 // was committed to Postgres stays, and the partitions' next owners resume
 // from the offsets stored there. Abort during a drain ends the drain at
 // once. Abort is safe to call at any time, more than once, and
 // concurrently with Run.
 func (c *Consumer) Abort() {
+	c.abort(false)
+}
+
+// Kill stops Run as a SIGKILL would: as Abort, and the client stops
+// talking to the brokers at once, so the member never leaves the group.
+// Its partitions stay assigned to it until the group's session timeout
+// expires; only then are they assigned again, and a rebalance begun
+// meanwhile waits for that. Kill is safe to call at any time, more than
+// once, and concurrently with Run.
+func (c *Consumer) Kill() {
+	c.abort(true)
+}
+
+func (c *Consumer) abort(kill bool) {
 	c.aborting.Store(true)
+	if kill {
+		c.killed.Store(true)
+		c.mu.Lock()
+		cancel := c.cancelClient
+		c.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+	}
 	c.mu.Lock()
 	cancelHard, cancelRun := c.cancelHard, c.cancelRun
 	c.mu.Unlock()
@@ -290,7 +317,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return nil
 	}
 
-	cl, err := kgo.NewClient(append(c.clientOptions(), c.cfg.KafkaOptions...)...)
+	// Kill cancels the client's context: every request in flight ends,
+	// and the leave that Close would send never goes out.
+	clientCtx, cancelClient := context.WithCancel(context.Background())
+	defer cancelClient()
+	c.mu.Lock()
+	c.cancelClient = cancelClient
+	c.mu.Unlock()
+	if c.killed.Load() {
+		cancelClient()
+	}
+	opts := append(append(c.clientOptions(), c.cfg.KafkaOptions...), kgo.WithContext(clientCtx))
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
 	}
