@@ -3,7 +3,7 @@
 // and handlers, with a correctness check from the tables after every run.
 //
 //	go run ./benchmarks -short              # under 2 minutes; what make bench and CI run
-//	go run ./benchmarks                     # the full run behind the README's figures
+//	go run ./benchmarks -rounds 3           # the full run behind the README's figures (make bench-full)
 //	go run ./benchmarks -brokers 127.0.0.1:19092   # against a real Kafka instead of kfake
 //
 // Scenarios (the topic is pre-loaded with the seed's orders, duplicates
@@ -11,7 +11,11 @@
 //
 //   - steady: no membership change;
 //   - storm: every -storm-every a member joins or leaves, and every third
-//     change kills one hard (no commit: processor.Consumer.Abort);
+//     change kills one and starts a replacement. -crash kill (the default,
+//     processor.Consumer.Kill) stops it as SIGKILL would: no commit, no
+//     leave, its partitions wait for the 3s session timeout; -crash abort
+//     (processor.Consumer.Abort, the crash of results before 562cb71) rolls
+//     its transactions back and its client leaves the group as it closes;
 //   - replay: half-way, the group is stopped, its Kafka and Postgres
 //     offsets are rewound to the start, and it runs again: every record
 //     is read twice, and the second pass must apply nothing.
@@ -24,6 +28,13 @@
 // per-record transactions with dedup (the pipeline with one-record
 // batches) and a naive per-record consumer (each handler's write
 // autocommitted, no dedup: at-least-once, so duplicates double effects).
+//
+// Each run starts right after a CHECKPOINT (when the role may: it needs
+// pg_checkpoint), so that runs writing the same WAL meet the server's
+// checkpoints at the same places; the checkpoints begun during a run are
+// reported. -rounds N runs the scenarios, raw-copy and ceiling N times,
+// round by round, and reports each one's median run with every round's
+// rate (rates move 10–20 % between identical runs on a small machine).
 //
 // Output, in -out: results.json, results.md, and throughput-<scenario>.png
 // (unique events applied per second over time, membership changes marked).
