@@ -56,6 +56,13 @@ type Run struct {
 	// FromCheckpoint: the run began right after a CHECKPOINT (see
 	// checkpoint); Checkpoints is how many the server began during it.
 	FromCheckpoint bool `json:"from_checkpoint"`
+	// FirstDoneSeconds is when the first partition had all its records
+	// committed (steady and storm), and FirstDoneEventsPerSec the events
+	// applied per second until then: the rate while every partition still
+	// had work, before the tail in which the partitions left behind finish
+	// alone.
+	FirstDoneSeconds      float64 `json:"first_partition_done_s,omitempty"`
+	FirstDoneEventsPerSec float64 `json:"events_per_sec_until_first_done,omitempty"`
 	// Rounds is the unique events/s of every round of this run (-rounds),
 	// in the order they ran; this run is their median.
 	Rounds      []float64 `json:"rounds,omitempty"`
@@ -113,6 +120,7 @@ type env struct {
 	// run goes (the records committed): on the members' pool, each read
 	// would wait for a connection behind their batches, and take one.
 	probe *pgxpool.Pool
+	ends  map[int32]int64 // the offset after each partition's last preloaded record
 	close func()
 }
 
@@ -120,7 +128,7 @@ func (b *bench) newEnv(ctx context.Context, name string) (*env, error) {
 	var r [3]byte
 	_, _ = rand.Read(r[:])
 	suffix := strings.ReplaceAll(name, "-", "_") + "_" + hex.EncodeToString(r[:])
-	e := &env{topic: "bench-" + suffix, group: "bench-" + suffix, schema: "bench_" + suffix}
+	e := &env{topic: "bench-" + suffix, group: "bench-" + suffix, schema: "bench_" + suffix, ends: map[int32]int64{}}
 	var closers []func()
 	e.close = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -216,8 +224,31 @@ func (e *env) preload(ctx context.Context, msgs []orders.Message) error {
 		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			return err
 		}
+		for _, r := range recs {
+			e.ends[r.Partition] = max(e.ends[r.Partition], r.Offset+1)
+		}
 	}
 	return nil
+}
+
+// firstDone reports whether some partition with records has its next
+// offset stored at its end: the first partition is done.
+func (e *env) firstDone(ctx context.Context) (bool, error) {
+	rows, err := e.probe.Query(ctx, `SELECT partition, next_offset FROM `+pgx.Identifier{e.schema, "sink_offsets"}.Sanitize()+
+		` WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL`, e.group, e.topic)
+	if err != nil {
+		return false, fmt.Errorf("read stored offsets: %w", err)
+	}
+	var p int32
+	var next int64
+	done := false
+	_, err = pgx.ForEachRow(rows, []any{&p, &next}, func() error {
+		if end := e.ends[p]; end > 0 && next >= end {
+			done = true
+		}
+		return nil
+	})
+	return done, err
 }
 
 func (e *env) committed(ctx context.Context) (int64, error) {
@@ -406,6 +437,16 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 			done, err := e.committed(ctx)
 			if err != nil {
 				return finish(err)
+			}
+			if r.Name != "replay" && r.FirstDoneSeconds == 0 && len(e.ends) > 0 {
+				first, err := e.firstDone(ctx)
+				if err != nil {
+					return finish(err)
+				}
+				if first {
+					r.FirstDoneSeconds = since()
+					r.FirstDoneEventsPerSec = float64(s.Applied) / float64(len(b.o.handlers)) / r.FirstDoneSeconds
+				}
 			}
 			if time.Since(lastLog) > 2*time.Second {
 				progress("%s: %5.1fs committed %d/%d records, applied %d, skipped lru %d postgres %d",

@@ -58,6 +58,7 @@ func markdown(rep *Report) string {
 			r.Name, r.Kind, r.Records, r.UniqueEvents, r.Seconds, r.UniqueEventsPerSec, r.RecordsPerSec,
 			r.SkippedLRU, r.SkippedPostgres, r.BatchP50Ms, r.BatchP99Ms, r.Changes, rec, cps, r.PeakRSSMiB, once)
 	}
+	writeFirstDone(&b, rep)
 	writeRounds(&b, rep)
 	if len(rep.Ratios) > 0 {
 		b.WriteString("\n| scenario | vs raw-copy | vs ceiling | vs per-record-dedup | vs naive-per-record |\n|---|---:|---:|---:|---:|\n")
@@ -83,6 +84,21 @@ func markdown(rep *Report) string {
 		"Peak RSS: the whole benchmark process (kfake included when embedded). " +
 		"The naive baseline is at-least-once: its \"no\" is the doubled effects of duplicates.\n")
 	return b.String()
+}
+
+// writeFirstDone gives the rate of the runs until their first partition
+// was done, and how long the rest took.
+func writeFirstDone(b *strings.Builder, rep *Report) {
+	var parts []string
+	for _, r := range rep.Runs {
+		if r.FirstDoneSeconds > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f events/s until %.1f s, then %.1f s for the rest",
+				r.Name, r.FirstDoneEventsPerSec, r.FirstDoneSeconds, r.Seconds-r.FirstDoneSeconds))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(b, "\nUntil the first partition was done (every partition still had work): %s.\n", strings.Join(parts, "; "))
+	}
 }
 
 // writeRounds lists every round's rate of the runs that had several

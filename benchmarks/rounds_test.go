@@ -48,3 +48,17 @@ func TestMarkdownListsRounds(t *testing.T) {
 		t.Fatalf("a run of one round listed among the rounds:\n%s", md)
 	}
 }
+
+func TestMarkdownGivesTheRateUntilTheFirstPartitionIsDone(t *testing.T) {
+	rep := &Report{Runs: []*Run{
+		{Name: "steady", Kind: "scenario", Seconds: 10, FirstDoneSeconds: 9.5, FirstDoneEventsPerSec: 100000, ExactlyOnce: true},
+		{Name: "replay", Kind: "scenario", Seconds: 12, ExactlyOnce: true},
+	}}
+	md := markdown(rep)
+	if !strings.Contains(md, "steady 100000 events/s until 9.5 s, then 0.5 s for the rest.") {
+		t.Fatalf("rate until the first partition was done missing:\n%s", md)
+	}
+	if strings.Contains(md, "replay 0 events/s") {
+		t.Fatalf("a run without it listed:\n%s", md)
+	}
+}
