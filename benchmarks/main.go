@@ -297,7 +297,7 @@ func run(ctx context.Context, o options) error {
 	fmt.Fprintf(os.Stderr, "wrote %s\n", strings.Join([]string{filepath.Join(o.out, "results.json"), filepath.Join(o.out, "results.md"),
 		filepath.Join(o.out, "throughput-*.png")}, ", "))
 	if failed > 0 {
-		return fmt.Errorf("%d scenarios failed the exactly-once check", failed)
+		return fmt.Errorf("%d scenario runs failed the exactly-once check", failed)
 	}
 	return nil
 }

@@ -73,10 +73,33 @@ WHERE t.schemaname = $1 ORDER BY pg_total_relation_size(t.relid) DESC, t.relname
 func checkpoints(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	var n int64
 	err := pool.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&n)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column: PostgreSQL 17 moved them
+		err = pool.QueryRow(ctx, `SELECT num_timed + num_requested FROM pg_stat_checkpointer`).Scan(&n)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("read pg_stat_bgwriter: %w", err)
+		return 0, fmt.Errorf("read the checkpoints begun: %w", err)
 	}
 	return n, nil
+}
+
+// checkpointCounted waits until the checkpoints begun exceed before — the
+// checkpointer counts a requested checkpoint after the CHECKPOINT that
+// asked for it has returned — and returns the new count, so that the
+// harness's own checkpoint does not count as one begun during the run.
+// After two seconds it takes before + 1.
+func checkpointCounted(ctx context.Context, pool *pgxpool.Pool, before int64) (int64, error) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n, err := checkpoints(ctx, pool)
+		if err != nil || n > before {
+			return n, err
+		}
+		if time.Now().After(deadline) {
+			return before + 1, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // checkpoint runs CHECKPOINT, so that a run starts where every run

@@ -42,6 +42,10 @@ func writeAllocs(path string) error {
 // is the one -cpuprofile profiles.
 func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, error) {
 	p := &profile{b: b, e: e, on: b.spans != nil}
+	var err error
+	if p.cps, err = checkpoints(ctx, e.probe); err != nil {
+		return nil, err
+	}
 	if !b.noCheckpoint {
 		ok, err := checkpoint(ctx, e.probe)
 		if err != nil {
@@ -49,14 +53,15 @@ func (b *bench) startProfile(ctx context.Context, e *env, cpu bool) (*profile, e
 		}
 		if !ok {
 			b.noCheckpoint = true
-			b.log.Warn("runs start wherever the server's checkpoint cycle is: the role may not CHECKPOINT " +
+			progress("runs start wherever the server's checkpoint cycle is: the role may not CHECKPOINT " +
 				"(GRANT pg_checkpoint TO it, as infra/postgres.sh does); a checkpoint during a run slows its writes after it")
 		}
 		p.fromCP = ok
-	}
-	var err error
-	if p.cps, err = checkpoints(ctx, e.probe); err != nil {
-		return nil, err
+		if ok {
+			if p.cps, err = checkpointCounted(ctx, e.probe, p.cps); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if p.on {
 		b.spans.take() // migrations and anything before the members start

@@ -45,7 +45,7 @@ start)
   as_postgres psql -q -p "$port" -v ON_ERROR_STOP=1 -d postgres <<SQL >/dev/null
 SELECT 'CREATE ROLE $user LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$user')\gexec
 ALTER ROLE $user WITH LOGIN PASSWORD '$pass';
--- The benchmark starts each run from a CHECKPOINT (PostgreSQL 15+).
+-- The benchmark starts each run from a CHECKPOINT (the role exists from PostgreSQL 15).
 SELECT 'GRANT pg_checkpoint TO $user' WHERE EXISTS (SELECT FROM pg_roles WHERE rolname = 'pg_checkpoint')\gexec
 SELECT 'CREATE DATABASE $db OWNER $user' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$db')\gexec
 SQL

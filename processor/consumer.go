@@ -106,8 +106,8 @@ type counters struct {
 }
 
 // Consumer is one consumer-group member. Create it with New, run it with
-// Run; a Consumer runs once. Stats, Lag, Ready and Abort are safe to call
-// concurrently with Run.
+// Run; a Consumer runs once. Stats, Lag, Ready, Abort and Kill are safe to
+// call concurrently with Run.
 type Consumer struct {
 	cfg    Config
 	writer Writer
@@ -300,8 +300,8 @@ func (c *Consumer) queued() (records, bytes int64) {
 // Brokers that do not answer are waited for (Ready says why), never a
 // reason to return. Run returns only after every goroutine it started has
 // exited. It returns an error only if the Kafka client cannot be created
-// from the options; a canceled ctx or Abort is a clean stop and returns
-// nil.
+// from the options; a canceled ctx, Abort or Kill is a clean stop and
+// returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return errors.New("processor: Run called twice")
@@ -318,7 +318,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	// Kill cancels the client's context: every request in flight ends,
-	// and the leave that Close would send never goes out.
+	// and the leave that Close would send never goes out. It comes last,
+	// over any kgo.WithContext in KafkaOptions.
 	clientCtx, cancelClient := context.WithCancel(context.Background())
 	defer cancelClient()
 	c.mu.Lock()
@@ -360,7 +361,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wg.Wait()
 	cl.Close()
 	if c.aborting.Load() {
-		c.log.Warn("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
+		if c.killed.Load() {
+			c.log.Warn("consumer killed: in-flight batches rolled back, no Kafka offset committed, the group not left", "group", c.cfg.Group)
+		} else {
+			c.log.Warn("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
+		}
 	} else {
 		c.log.Info("consumer stopped", "group", c.cfg.Group)
 	}

@@ -104,5 +104,8 @@
 //     starts from the stored offset.
 //
 // On context cancellation Run drains within DrainTimeout, commits, leaves
-// the group and returns; Abort ends it at once, as a crash would.
+// the group and returns; Abort ends it at once, as a crash would, and its
+// client still leaves the group as it closes; Kill also keeps the client
+// from saying anything more, as SIGKILL would: the member stays in the
+// group until its session times out.
 package processor

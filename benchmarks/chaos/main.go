@@ -134,7 +134,7 @@ func parseFlags(args []string) (options, error) {
 	if o.poison, err = parsePoison(poison); err != nil {
 		ps = append(ps, fmt.Errorf("-poison: %w", err))
 	}
-	if o.backlog < 0 || o.backlog >= 1 {
+	if !(o.backlog >= 0 && o.backlog < 1) { // NaN too
 		ps = append(ps, fmt.Errorf("-backlog %v: a share, at least 0 and under 1", o.backlog))
 	}
 	if o.events < 1 || o.partitions < 1 || o.members < 1 || o.batch < 1 || o.poisonScale < 0 {
