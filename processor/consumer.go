@@ -399,11 +399,16 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 }
 
 // fetchMaxWait is how long the broker may hold a fetch open waiting for
-// data (the Java consumer's fetch.max.wait.ms; franz-go's default is 5s).
-// A partition resumed after a full queue is only fetched again by the
-// next request, so this bounds how long a resumed partition can sit idle
-// behind a long poll of partitions that have nothing new.
-const fetchMaxWait = 500 * time.Millisecond
+// data (the Java consumer's fetch.max.wait.ms, 500ms; franz-go's default
+// is 5s). A partition resumed after a full queue is only fetched again by
+// the next request, so this bounds how long a resumed partition sits idle
+// behind a long poll of the member's partitions that have nothing new —
+// and a partition far behind while the member's others are caught up
+// (after a rebalance or a crash) pauses and resumes at every high water:
+// at 500ms it caught up at ~7 k records/s, a high water per long poll
+// (benchmarks/PROFILE.md). The cost is an empty fetch per broker every
+// 100ms from a member with nothing to read.
+const fetchMaxWait = 100 * time.Millisecond
 
 // pollWait bounds one poll, so the loop also takes fenced
 // partitions again when nothing arrives.
