@@ -231,28 +231,26 @@ func (e *env) preload(ctx context.Context, msgs []orders.Message) error {
 	return nil
 }
 
-// firstDone reports whether some partition with records has its next
-// offset stored at its end: the first partition is done.
-func (e *env) firstDone(ctx context.Context) (bool, error) {
+// stored reads the group's offsets stored in Postgres, in one query:
+// committed is how many records have a committed batch (the sum of the
+// next offsets, as members.Committed counts them), and firstDone whether
+// some partition with records has its next offset at its end.
+func (e *env) stored(ctx context.Context) (committed int64, firstDone bool, err error) {
 	rows, err := e.probe.Query(ctx, `SELECT partition, next_offset FROM `+pgx.Identifier{e.schema, "sink_offsets"}.Sanitize()+
-		` WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL`, e.group, e.topic)
+		` WHERE consumer_group = $1 AND next_offset IS NOT NULL`, e.group)
 	if err != nil {
-		return false, fmt.Errorf("read stored offsets: %w", err)
+		return 0, false, fmt.Errorf("read the offsets stored for group %s: %w", e.group, err)
 	}
 	var p int32
 	var next int64
-	done := false
 	_, err = pgx.ForEachRow(rows, []any{&p, &next}, func() error {
+		committed += next
 		if end := e.ends[p]; end > 0 && next >= end {
-			done = true
+			firstDone = true
 		}
 		return nil
 	})
-	return done, err
-}
-
-func (e *env) committed(ctx context.Context) (int64, error) {
-	return members.Committed(ctx, e.probe, e.schema, e.group)
+	return committed, firstDone, err
 }
 
 // group is the members of one run's consumer group, with every batch's
@@ -434,19 +432,13 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 		case <-sample.C:
 			s := g.Stats()
 			r.Samples = append(r.Samples, Sample{since(), s.Applied, s.RecordsConsumed, s.SkippedLRU, s.SkippedPostgres})
-			done, err := e.committed(ctx)
+			done, first, err := e.stored(ctx)
 			if err != nil {
 				return finish(err)
 			}
-			if r.Name != "replay" && r.FirstDoneSeconds == 0 && len(e.ends) > 0 {
-				first, err := e.firstDone(ctx)
-				if err != nil {
-					return finish(err)
-				}
-				if first {
-					r.FirstDoneSeconds = since()
-					r.FirstDoneEventsPerSec = float64(s.Applied) / float64(len(b.o.handlers)) / r.FirstDoneSeconds
-				}
+			if first && r.Name != "replay" && r.FirstDoneSeconds == 0 {
+				r.FirstDoneSeconds = since()
+				r.FirstDoneEventsPerSec = float64(s.Applied) / float64(len(b.o.handlers)) / r.FirstDoneSeconds
 			}
 			if time.Since(lastLog) > 2*time.Second {
 				progress("%s: %5.1fs committed %d/%d records, applied %d, skipped lru %d postgres %d",

@@ -32,8 +32,10 @@ func writeOutputs(dir string, rep *Report) error {
 
 func markdown(rep *Report) string {
 	var b strings.Builder
-	crash := map[string]string{"kill": "killed (as SIGKILL: it stays in the group until its session times out)",
-		"abort": "aborted (its client leaves the group as it closes)", "": "aborted (its client leaves the group as it closes)"}[rep.Crash]
+	crash := "aborted (its client leaves the group as it closes)" // -crash abort, and reports older than -crash
+	if rep.Crash == "kill" {
+		crash = "killed (as SIGKILL: it stays in the group until its session times out)"
+	}
 	fmt.Fprintf(&b, "Command: `%s`  \nBuild: %s  \nMachine: %s  \nBroker: %s; handlers: %s; a storm's crashed member is %s; started %s\n\n",
 		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.Broker, strings.Join(rep.Handlers, ", "), crash, rep.StartedAt.Format("2006-01-02 15:04 UTC"))
 	b.WriteString("| run | records | unique events | seconds | unique events/s | records consumed/s | skipped LRU / Postgres | batch p50 / p99 ms | changes | recovery median / max ms | checkpoints | peak RSS MiB | exactly once |\n")

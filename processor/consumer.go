@@ -212,16 +212,13 @@ func (c *Consumer) abort(kill bool) {
 	c.aborting.Store(true)
 	if kill {
 		c.killed.Store(true)
-		c.mu.Lock()
-		cancel := c.cancelClient
-		c.mu.Unlock()
-		if cancel != nil {
-			cancel()
-		}
 	}
 	c.mu.Lock()
-	cancelHard, cancelRun := c.cancelHard, c.cancelRun
+	cancelClient, cancelHard, cancelRun := c.cancelClient, c.cancelHard, c.cancelRun
 	c.mu.Unlock()
+	if kill && cancelClient != nil {
+		cancelClient() // first: no request, no leave, goes out once the workers stop
+	}
 	if cancelHard != nil {
 		cancelHard()
 		cancelRun()
