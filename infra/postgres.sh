@@ -46,7 +46,8 @@ start)
 SELECT 'CREATE ROLE $user LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$user')\gexec
 ALTER ROLE $user WITH LOGIN PASSWORD '$pass';
 -- The benchmark starts each run from a CHECKPOINT (the role exists from PostgreSQL 15).
-SELECT 'GRANT pg_checkpoint TO $user' WHERE EXISTS (SELECT FROM pg_roles WHERE rolname = 'pg_checkpoint')\gexec
+SELECT 'GRANT pg_checkpoint TO $user' WHERE EXISTS (SELECT FROM pg_roles WHERE rolname = 'pg_checkpoint')
+  AND NOT pg_has_role('$user', 'pg_checkpoint', 'member')\gexec
 SELECT 'CREATE DATABASE $db OWNER $user' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$db')\gexec
 SQL
   echo "$dsn"
