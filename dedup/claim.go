@@ -89,6 +89,7 @@ type Claims struct {
 	Claimed []bool   // claimed by this call
 	Found   []bool   // claimed before it: committed, or earlier in this transaction
 	Stored  []Digest // for a key found, the payload digest stored with its claim (zero when none)
+	Slice   int32    // the current slice, which the keys claimed went to
 }
 
 // LookupClaim looks keys up and claims the ones not found: [Lookup] and
@@ -117,6 +118,7 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 	b.Queue(lookupSQL(t.processed), eventIDs(keys))
 	b.Queue(`SAVEPOINT onceflow_claim`)
 	current, opened, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
+	c.Slice = current
 	if err != nil {
 		// Refused after the savepoint was opened (the isolation, an empty
 		// slices table): the transaction goes on, without it.

@@ -13,31 +13,31 @@ import (
 // claim claims keys in tx and returns, index by index, whether this
 // transaction claimed each key and, for those it did not, the payload
 // digest stored with the claim that exists (zero when unknown): what the
-// conflict check compares.
+// conflict check compares; and the slice the claims went to.
 //
 // dedup.LookupClaim looks the keys up first (a key found is a duplicate,
 // claimed for good, with its digest at hand) and claims the rest by COPY,
 // which settles concurrent claims. A key lost there to another
 // transaction has its digest read in one more statement, only when there
 // are such keys.
-func (w *Writer) claim(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
+func (w *Writer) claim(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
 	if len(keys) == 0 {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	}
 	ctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
-	won, stored, err := w.claimKeys(ctx, tx, keys, traceID)
+	won, stored, slice, err := w.claimKeys(ctx, tx, keys, traceID)
 	endSpan(span, err)
-	return won, stored, err
+	return won, stored, slice, err
 }
 
-func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, error) {
+func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
 	ds := make([]dedup.Digest, len(keys))
 	for i, k := range keys {
 		ds[i] = k.digest
 	}
 	c, err := dedup.LookupClaim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, nil), ds)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	todo := make([]int, 0, len(keys)) // indexes of the keys not found
 	for i, found := range c.Found {
@@ -47,9 +47,9 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, trace
 	}
 	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.found_first", len(keys)-len(todo)))
 	if err := w.lostDigests(ctx, tx, keys, todo, c.Claimed, c.Stored); err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	return c.Claimed, c.Stored, nil
+	return c.Claimed, c.Stored, c.Slice, nil
 }
 
 // lostDigests sets stored[i] for each claimed key todo lost. A key lost to

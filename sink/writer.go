@@ -155,7 +155,8 @@ type Writer struct {
 	processed string // sanitized, schema-qualified table names
 	offsets   string
 	dead      string
-	filtered  bool // some handler is a TopicFilter
+	filtered  bool              // some handler is a TopicFilter
+	stats     *dedup.Statistics // analyzes each new dedup slice once it holds claims
 }
 
 // New returns a Writer over pool. It does not touch the database; run
@@ -193,6 +194,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Writer, error) {
 		processed: table("processed_events"),
 		offsets:   table("sink_offsets"),
 		dead:      table("dead_letters"),
+		stats:     dedup.NewStatistics(cfg.Schema, log),
 	}, nil
 }
 
@@ -260,6 +262,7 @@ type outcome struct {
 	already   []skip
 	dead      []DeadLetter // events isolated into dead letters, conflicts included
 	conflicts int          // events refused as conflicting duplicates
+	slice     int32        // the dedup slice the claims went to, when there are any
 }
 
 func (o *outcome) merge(p outcome) {
@@ -268,6 +271,7 @@ func (o *outcome) merge(p outcome) {
 	o.already = append(o.already, p.already...)
 	o.dead = append(o.dead, p.dead...)
 	o.conflicts += p.conflicts
+	o.slice = max(o.slice, p.slice)
 }
 
 // Write applies b in one transaction and returns what it did. On success the
@@ -321,6 +325,7 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	// started empty, and remembering each would cost an insertion and
 	// evict the member's own recent claims, which redeliveries hit.
 	w.cfg.Cache.Remember(out.claimed, out.digests)
+	w.analyzeSlice(ctx, out)
 	skipped = append(skipped, out.already...)
 	res.Applied = len(out.claimed)
 	res.SkippedPostgres = len(out.already)
@@ -329,6 +334,22 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	res.Conflicts = len(conflicts) + out.conflicts
 	w.logSkips(ctx, b, skipped)
 	return res, nil
+}
+
+// analyzeSlice gives the dedup slice out's claims went to its planner
+// statistics, the first time a batch of this Writer claims keys into it
+// (see dedup.Statistics): until it has some, the look-ups on each new
+// connection scan the whole slice. A failure is logged, and the next batch
+// tries again; the batch is committed either way.
+func (w *Writer) analyzeSlice(ctx context.Context, out outcome) {
+	if len(out.claimed) == 0 || w.stats.Done(out.slice) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
+	defer cancel()
+	if err := w.stats.Ensure(ctx, w.pool, out.slice); err != nil && ctx.Err() == nil {
+		w.log.Warn("could not see to the planner statistics of the dedup slice", "err", err)
+	}
 }
 
 func firstOffset(b *Batch) int64 {
@@ -450,7 +471,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 		traceID = sc.TraceID().String()
 	}
-	won, stored, err := w.claim(ctx, tx, keys, traceID)
+	won, stored, slice, err := w.claim(ctx, tx, keys, traceID)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -460,7 +481,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		return outcome{}, err
 	}
 	again, reclaimed := reclaim(keys, won, stored, conflicting, rejected)
-	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys))}
+	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys)), slice: slice}
 	// Each handler's events, in one allocation per handler.
 	counts := make(map[string]int, len(w.cfg.Handlers))
 	for i, p := range keys {
