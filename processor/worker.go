@@ -51,6 +51,7 @@ type worker struct {
 
 	next     atomic.Int64 // records below it are written: dropped
 	retrying bool         // worker goroutine only
+	events   []sink.Event // the last batch's events, cleared: reused by the next batch; worker goroutine only
 
 	mu      sync.Mutex // guards the queue; the poll loop appends, the worker takes
 	queue   []*kgo.Record
@@ -214,6 +215,13 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 	cfg := &w.c.cfg
 	start := time.Now()
 	b, links := w.batch(recs)
+	defer func() {
+		// Nothing keeps a batch's events once it is written or given up
+		// (Write does not, nor do the handlers' copies): the next batch
+		// reuses the slice.
+		clear(b.Events)
+		w.events = b.Events[:0]
+	}()
 	ctx, span := w.c.tracer.Start(w.ctx, "onceflow.batch", trace.WithLinks(links...), trace.WithAttributes(
 		attribute.String("messaging.destination.name", b.Topic),
 		attribute.Int("messaging.destination.partition.id", int(b.Partition)),
@@ -286,7 +294,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
 	cfg := &w.c.cfg
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
-		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: make([]sink.Event, 0, len(recs))}
+		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: w.events[:0]}
 	var links []trace.Link
 	for _, r := range recs {
 		ev, err := Decode(r, cfg.Decode)

@@ -86,6 +86,9 @@ type Result struct {
 // claimed (of the topics it consumes, if it is a [TopicFilter]), in offset
 // order, each event at most once; it must write in bulk
 // (COPY, unnest arrays, pgx.Batch) rather than one statement per event.
+// The slice is the Writer's again once Apply returns (it is reused for
+// other batches): Apply must not keep it, nor a subslice; it may keep
+// copies of the events, and what they point to.
 //
 // Apply must not commit or roll back tx. What an error does depends on its
 // class (see [Classify]): a data error (an error wrapping *RejectError, or a

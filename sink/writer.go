@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -491,8 +492,13 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 	}
 	perHandler := make(map[string][]Event, len(counts))
 	for h, n := range counts {
-		perHandler[h] = make([]Event, 0, n)
+		perHandler[h] = getEvents(n)
 	}
+	defer func() {
+		for _, evs := range perHandler {
+			putEvents(evs)
+		}
+	}()
 	for i, p := range keys {
 		switch {
 		case conflicting[p.event] || rejected[p.event] != nil:
@@ -539,6 +545,24 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		out.merge(o)
 	}
 	return out, nil
+}
+
+// eventSlices recycles the slices of events apply hands the handlers,
+// which keep none of them past Apply (Handler's contract).
+var eventSlices sync.Pool
+
+// getEvents returns an empty slice of events with room for n.
+func getEvents(n int) []Event {
+	if p, ok := eventSlices.Get().(*[]Event); ok && cap(*p) >= n {
+		return (*p)[:0]
+	}
+	return make([]Event, 0, n)
+}
+
+// putEvents clears evs, so that it holds on to no record, and recycles it.
+func putEvents(evs []Event) {
+	clear(evs)
+	eventSlices.Put(&evs)
 }
 
 // reclaim finds the events that conflict only with claims that events
