@@ -20,7 +20,8 @@ import (
 )
 
 // Querier is the part of a pgx transaction that Claim, Digests and
-// Unclaim use; pgx.Tx satisfies it.
+// Unclaim use; pgx.Tx satisfies it. A claim's COPY goes on q.Conn() when q
+// has that method, as a pgx.Tx does, rather than through q.CopyFrom.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -352,11 +353,12 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 }
 
 // copy writes c into its slice by binary COPY and returns the rows
-// written. On a pgx transaction it encodes the rows itself, into a buffer
-// kept for the next claim, and sends them on the transaction's
-// connection, under a span of its own: pgx's CopyFrom encodes each value
-// through its type map and grows a new buffer for each COPY, a quarter of
-// what a steady stream allocates.
+// written. On a Querier with a Conn method (a pgx transaction) it encodes
+// the rows itself, into a buffer kept for the next claim, and sends them
+// on that connection, under a span of its own ("copy_from <table>", as
+// otelpgx names pgx's): pgx's CopyFrom encodes each value through its type
+// map and grows a new buffer for each COPY, a quarter of what a steady
+// stream allocated. Other Queriers' CopyFrom is called.
 func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) {
 	table := pgx.Identifier{t.schema, sliceName(c.slice)}
 	cq, ok := q.(interface{ Conn() *pgx.Conn })
@@ -377,14 +379,20 @@ func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) 
 		"copy_from "+table.Sanitize(), trace.WithAttributes(attribute.Int("onceflow.rows", len(c.todo))))
 	defer span.End()
 	buf := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(buf)
 	*buf = c.appendBinary((*buf)[:0])
 	tag, err := cq.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(*buf),
 		`COPY `+table.Sanitize()+` (`+strings.Join(claimColumns, ", ")+`) FROM STDIN BINARY`)
 	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
+		// Not kept: on a broken connection pgconn can return while its
+		// sender still reads the buffer. A key present is no failure of
+		// the claim, which goes on without the COPY.
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != uniqueViolation || pgErr.ConstraintName != pkeyName(c.slice) {
+			span.SetStatus(codes.Error, err.Error())
+		}
 		return 0, err
 	}
+	copyBufs.Put(buf)
 	return tag.RowsAffected(), nil
 }
 

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -37,18 +38,29 @@ import (
 // percent of the slice" as the slice grows, and a look-up of such ids
 // scans it again. Until then the look-ups' scans are of a small slice.
 //
-// ANALYZE needs the table's owner (or the database's); as any other role
-// it analyzes nothing, and Ensure logs a warning once per slice.
+// ANALYZE needs the table's owner (or the database's, or, from
+// PostgreSQL 17, the MAINTAIN privilege); as any other role it analyzes
+// nothing, and Ensure gives the slice up with a warning. It runs with
+// SKIP_LOCKED: while another member's ANALYZE, or autovacuum's, holds the
+// slice, it waits for none of them, and looks again a second later.
 //
 // Statistics is safe for concurrent use. Create it with NewStatistics.
 type Statistics struct {
-	t       tables
-	log     *slog.Logger
-	every   time.Duration // between two checks of one slice
-	mu      sync.Mutex    // held by the one caller that checks; the others go on
-	checked time.Time     // the last check, under mu
-	next    atomic.Int64  // every slice below it has been seen to
+	t     tables
+	log   *slog.Logger
+	every time.Duration // between two checks of one slice
+	// under mu, held by the one caller that checks (the others go on):
+	mu      sync.Mutex
+	checked time.Time // the last check
+	slice   int32     // the slice tries counts the failed tries of
+	tries   int
+	next    atomic.Int64 // every slice below it has been seen to
 }
+
+// MaxAnalyzeTries is how many times Ensure tries to analyze a slice (an
+// error, or an ANALYZE after which the slice still has no statistics)
+// before it leaves the slice to autovacuum.
+const MaxAnalyzeTries = 3
 
 // NewStatistics returns a Statistics for the tables in schema; log may be
 // nil.
@@ -65,10 +77,12 @@ func (s *Statistics) Done(slice int32) bool { return int64(slice) < s.next.Load(
 // Ensure sees to slice's statistics: it does nothing when the slice has
 // some, or holds too few rows yet (see Statistics), and analyzes it
 // otherwise. Call it after a COMMIT that claimed keys into slice (the
-// current one), outside any transaction. It checks at most once a second
-// (one query); calls for a slice seen to, calls within the second, and
-// calls while another one checks, return at once. An error leaves the
-// slice to a later call.
+// current one), outside any transaction; ctx bounds it. It checks at most
+// once a second (one query); calls for a slice seen to, calls within the
+// second, and calls while another one checks, return at once. A failed
+// try (an error, or no statistics after the ANALYZE) leaves the slice to a
+// later call, up to MaxAnalyzeTries tries; the error is returned, after
+// the last try with the slice given up.
 func (s *Statistics) Ensure(ctx context.Context, q Querier, slice int32) error {
 	if s.Done(slice) || !s.mu.TryLock() {
 		return nil
@@ -78,32 +92,48 @@ func (s *Statistics) Ensure(ctx context.Context, q Querier, slice int32) error {
 		return nil
 	}
 	s.checked = time.Now()
-	st, err := s.read(ctx, q, slice)
-	if err != nil {
-		return err
+	if slice != s.slice {
+		s.slice, s.tries = slice, 0
 	}
-	if !st.has {
+	st, err := s.read(ctx, q, slice)
+	if err == nil && !st.has {
 		if st.rows < 3*st.sample {
 			return nil
 		}
-		start := time.Now()
-		if _, err := q.Exec(ctx, `ANALYZE `+s.t.slice(slice)); err != nil {
-			return fmt.Errorf("analyze %s: %w", sliceName(slice), err)
+		st, err = s.analyze(ctx, q, slice)
+	}
+	if err == nil && !st.has {
+		err = fmt.Errorf("%s has no planner statistics after ANALYZE (only its owner can analyze it; or another ANALYZE held it)", sliceName(slice))
+	}
+	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return err // the caller gave up (a revoke, a shutdown): not a try
 		}
-		if st, err = s.read(ctx, q, slice); err != nil {
+		if s.tries++; s.tries < MaxAnalyzeTries {
 			return err
 		}
-		if st.has {
-			s.log.Info("analyzed a new dedup slice, so that look-ups probe its primary key",
-				"slice", sliceName(slice), "rows", st.rows, "took", time.Since(start).Round(time.Millisecond))
-		} else {
-			s.log.Warn("a new dedup slice has no planner statistics, and ANALYZE by this role gave it none "+
-				"(only the table's owner can analyze it): until autovacuum does, the first look-ups on each "+
-				"new connection scan the whole slice", "slice", sliceName(slice), "rows", st.rows)
-		}
+		s.log.Warn("a new dedup slice has no planner statistics and onceflow gives up analyzing it: until autovacuum "+
+			"does, the first look-ups on each new connection scan the whole slice", "slice", sliceName(slice),
+			"tries", s.tries, "err", err)
+		err = fmt.Errorf("%w (given up after %d tries)", err, s.tries)
 	}
 	s.next.Store(int64(slice) + 1)
-	return nil
+	return err
+}
+
+// analyze runs ANALYZE on slice, skipping it when another holds it, and
+// reads its statistics again.
+func (s *Statistics) analyze(ctx context.Context, q Querier, slice int32) (sliceStats, error) {
+	start := time.Now()
+	if _, err := q.Exec(ctx, `ANALYZE (SKIP_LOCKED) `+s.t.slice(slice)); err != nil {
+		return sliceStats{}, fmt.Errorf("analyze %s: %w", sliceName(slice), err)
+	}
+	st, err := s.read(ctx, q, slice)
+	if err == nil && st.has {
+		s.log.Info("analyzed a new dedup slice, so that look-ups probe its primary key",
+			"slice", sliceName(slice), "rows", st.rows, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return st, err
 }
 
 // sliceStats is what Ensure reads of a slice.

@@ -30,6 +30,8 @@ type Writer interface {
 	// their leases; see sink.Writer.Take.
 	Take(ctx context.Context, topic string, partitions []int32) (map[int32]sink.Lease, error)
 	// Write applies one batch in one transaction; see sink.Writer.Write.
+	// b, its Events slice included, is the worker's again once Write
+	// returns (the next batch reuses the slice): Write must not keep it.
 	Write(ctx context.Context, b *sink.Batch) (sink.Result, error)
 	// LeaseDeadLetters and MarkDeadLettersPublished feed the dead-letter
 	// topic from the dead_letters table; see sink.Writer.

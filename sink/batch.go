@@ -98,8 +98,10 @@ type Result struct {
 // (including a panic, which is recovered) also retries the batch, with
 // backoff, and is logged as an error for an operator to fix. So a handler
 // that can tell an event will never apply should return a *RejectError for
-// it. Handlers are called sequentially, never concurrently with themselves;
-// a handler may be called several times for one batch, on subsets, when
+// it. A batch's handlers are called one after another; batches of
+// different partitions are written concurrently, so one handler's Apply
+// runs concurrently with itself, each call in its own transaction. A
+// handler may be called several times for one batch, on subsets, when
 // culprits are being isolated.
 type Handler interface {
 	// Name is the handler's stable identity: the handler column of

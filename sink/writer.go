@@ -337,18 +337,25 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	return res, nil
 }
 
-// analyzeSlice gives the dedup slice out's claims went to its planner
-// statistics, the first time a batch of this Writer claims keys into it
-// (see dedup.Statistics): until it has some, the look-ups on each new
-// connection scan the whole slice. A failure is logged, and the next batch
-// tries again; the batch is committed either way.
+// analyzeTimeout bounds one look at a dedup slice's statistics, the
+// ANALYZE included.
+const analyzeTimeout = 10 * time.Second
+
+// analyzeSlice sees to the planner statistics of the dedup slice out's
+// claims went to (see dedup.Statistics): until the slice has some, the
+// first look-ups on each new connection scan all of it. It looks at most
+// once a second, and only until the slice is analyzed (or given up), after
+// a batch that claimed keys; it runs on the worker that wrote the batch,
+// before the batch's offset is marked, and analyzes once per slice in a
+// member's life (about 0.1 s for the 90 000 rows it waits for). A failure
+// is logged; the batch is committed either way.
 func (w *Writer) analyzeSlice(ctx context.Context, out outcome) {
 	if len(out.claimed) == 0 || w.stats.Done(out.slice) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
+	ctx, cancel := context.WithTimeout(ctx, analyzeTimeout)
 	defer cancel()
-	if err := w.stats.Ensure(ctx, w.pool, out.slice); err != nil && ctx.Err() == nil {
+	if err := w.stats.Ensure(ctx, w.pool, out.slice); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		w.log.Warn("could not see to the planner statistics of the dedup slice", "err", err)
 	}
 }
