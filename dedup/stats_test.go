@@ -1,0 +1,77 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// noAnalyze is a pool on which ANALYZE fails, as a statement timeout or a
+// lock would make it.
+type noAnalyze struct{ *pgxpool.Pool }
+
+func (q noAnalyze) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if strings.HasPrefix(sql, "ANALYZE") {
+		return pgconn.CommandTag{}, errors.New("canceling statement due to statement timeout")
+	}
+	return q.Pool.Exec(ctx, sql, args...)
+}
+
+// Ensure analyzes a slice once it holds three times ANALYZE's sample, and
+// gives a slice it cannot analyze up after MaxAnalyzeTries failed tries
+// rather than trying again after every batch for ever.
+func TestStatisticsAnalyzeOrGiveUp(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	slice := pgx.Identifier{schema, "processed_events_s0"}.Sanitize()
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+slice+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	s := dedup.NewStatistics(schema, nil)
+	if err := s.Ensure(ctx, pool, 0); err != nil || s.Done(0) {
+		t.Fatalf("an empty slice: Ensure = %v, done %v; want nil, not done (too few rows to sample)", err, s.Done(0))
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+slice+` (event_id, handler, bus, slice)
+SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(ARRAY['a', 'b', 'c', 'd']) h`); err != nil {
+		t.Fatal(err)
+	}
+
+	failing := dedup.NewStatistics(schema, nil)
+	var errs []error
+	for deadline := time.Now().Add(20 * time.Second); len(errs) < dedup.MaxAnalyzeTries; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d failed tries in 20 s, want %d", len(errs), dedup.MaxAnalyzeTries)
+		}
+		if err := failing.Ensure(ctx, noAnalyze{pool}, 0); err != nil {
+			errs = append(errs, err)
+			if done := failing.Done(0); done != (len(errs) == dedup.MaxAnalyzeTries) {
+				t.Fatalf("after %d failed tries: done %v", len(errs), done)
+			}
+		}
+	}
+	if !strings.Contains(errs[len(errs)-1].Error(), "given up") {
+		t.Errorf("the last try's error %q does not say the slice was given up", errs[len(errs)-1])
+	}
+
+	for deadline := time.Now().Add(20 * time.Second); !s.Done(0); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a slice of 100 000 claims was not analyzed in 20 s")
+		}
+		if err := s.Ensure(ctx, pool, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sinktest.Count(t, pool, `SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'processed_events_s0' AND attname = 'event_id'`, schema) != 1 {
+		t.Error("done, and the slice has no statistics of event_id")
+	}
+}
