@@ -82,7 +82,7 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 			return nil, fmt.Errorf("claim events: %w", err)
 		}
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed, false); err != nil {
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed); err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
 	}
 	return claimed, nil
@@ -114,23 +114,16 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 		return c, nil
 	}
 	t := tablesOf(schema)
-	// One round trip: the lock, the slices, the look-up and the COPY's
-	// savepoint, in this order (the look-up's snapshot is taken after the
-	// lock is held).
+	// One round trip: the lock, the slices and the look-up, in this order
+	// (the look-up's snapshot is taken after the lock is held). The COPY's
+	// savepoint goes with the COPY, so a batch found whole (a replay's
+	// re-read) has nothing to release.
 	b := &pgx.Batch{}
 	t.queueLock(b)
 	b.Queue(lookupSQL(t.processed), eventIDs(keys))
-	b.Queue(`SAVEPOINT onceflow_claim`)
-	current, opened, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
+	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
 	c.Slice = current
 	if err != nil {
-		// Refused after the savepoint was opened (the isolation, an empty
-		// slices table): the transaction goes on, without it.
-		if opened {
-			if _, rerr := q.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); rerr != nil {
-				err = fmt.Errorf("%w (then release the savepoint: %w)", err, rerr)
-			}
-		}
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	// Only the keys not found are ordered for the COPY: a batch that was
@@ -143,22 +136,17 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 	}
 	todo = distinct(keys, todo)
 	if len(todo) == 0 {
-		if _, err := q.Exec(ctx, `RELEASE SAVEPOINT onceflow_claim`); err != nil {
-			return c, fmt.Errorf("claim events: %w", err)
-		}
 		return c, nil
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, c.Claimed, true); err != nil {
+	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, c.Claimed); err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	return c, nil
 }
 
 // lookupLocked reads the results of LookupClaim's pipeline into c and
-// returns the current slice, and whether the pipeline's savepoint was
-// opened: it reads every result, so an error found in one (by the server
-// or here) does not keep it from telling.
-func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (current int32, opened bool, err error) {
+// returns the current slice.
+func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (current int32, err error) {
 	defer br.Close()
 	current, _, err = t.readLock(br)
 	rows, qerr := br.Query()
@@ -171,28 +159,23 @@ func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (current
 	} else if err == nil {
 		err = fmt.Errorf("look up claims: %w", qerr)
 	}
-	_, serr := br.Exec()
-	if err == nil {
-		err = serr
-	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return current, serr == nil, err
+	return current, err
 }
 
 // write claims the keys at todo into the current slice and sets claimed[i]
 // for each it claimed: by COPY, and when a key is in the current slice
 // already, it looks the keys up there and COPYs the rest; a second failure
 // (a concurrent claim committed in between) leaves it to the insert.
-// savepoint: the caller opened onceflow_claim for the first COPY.
-func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool, savepoint bool) error {
+func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool) error {
 	for attempt := 0; attempt < 2; attempt++ {
 		if len(todo) == 0 {
 			return nil
 		}
 		c.todo = todo
-		copied, err := t.copyClaims(ctx, q, c, savepoint && attempt == 0)
+		copied, err := t.copyClaims(ctx, q, c)
 		if err != nil {
 			return err
 		}
@@ -314,21 +297,16 @@ const uniqueViolation = "23505"
 // default.
 var claimColumns = []string{"event_id", "handler", "bus", "trace_id", "payload_digest", "slice"}
 
-// copyClaims writes c by COPY under the savepoint onceflow_claim —
-// opened here, or by the caller when opened — and reports whether it did.
-// The savepoint is released either way. false: some key of c is in the slice already (committed, or
+// copyClaims writes c by COPY under the savepoint onceflow_claim, opened
+// with the COPY, and reports whether it did. The savepoint is released
+// either way. false: some key of c is in the slice already (committed, or
 // inserted by a transaction that committed while the COPY waited for
 // it), or the COPY wrote fewer rows than c has, the COPY was rolled back
 // to the savepoint, and nothing of c is written. Only a violation of the
 // slice's primary key is a key present: any other error, a violation of
 // another unique index (one a user added, or one a trigger writes to)
 // among them, is an error, with the transaction aborted.
-func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bool) (bool, error) {
-	if !opened {
-		if _, err := q.Exec(ctx, `SAVEPOINT onceflow_claim`); err != nil {
-			return false, err
-		}
-	}
+func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, error) {
 	n, err := t.copy(ctx, q, c)
 	// A row COPY did not write (a trigger on processed_events that skips
 	// it) is no claim: rolled back, the keys go to the insert, whose
@@ -352,17 +330,22 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet, opened bo
 	return true, nil
 }
 
-// copy writes c into its slice by binary COPY and returns the rows
-// written. On a Querier with a Conn method (a pgx transaction) it encodes
+// copy opens the savepoint onceflow_claim and writes c into its slice by
+// binary COPY, and returns the rows written. On a Querier with a Conn method (a pgx transaction) it encodes
 // the rows itself, into a buffer kept for the next claim, and sends them
 // on that connection, under a span of its own ("copy_from <table>", as
 // otelpgx names pgx's): pgx's CopyFrom encodes each value through its type
 // map and grows a new buffer for each COPY, a quarter of what a steady
-// stream allocated. Other Queriers' CopyFrom is called.
+// stream allocated; the savepoint goes in the COPY's query, with no round
+// trip of its own. Other Queriers' CopyFrom is called, after the
+// savepoint's Exec.
 func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) {
 	table := pgx.Identifier{t.schema, sliceName(c.slice)}
 	cq, ok := q.(interface{ Conn() *pgx.Conn })
 	if !ok {
+		if _, err := q.Exec(ctx, `SAVEPOINT onceflow_claim`); err != nil {
+			return 0, err
+		}
 		j := 0
 		row := []any{nil, nil, c.bus, c.trace, nil, c.slice} // reused: COPY encodes each row before asking for the next
 		return q.CopyFrom(ctx, table, claimColumns, pgx.CopyFromFunc(func() ([]any, error) {
@@ -381,7 +364,7 @@ func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) 
 	buf := copyBufs.Get().(*[]byte)
 	*buf = c.appendBinary((*buf)[:0])
 	tag, err := cq.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(*buf),
-		`COPY `+table.Sanitize()+` (`+strings.Join(claimColumns, ", ")+`) FROM STDIN BINARY`)
+		`SAVEPOINT onceflow_claim; COPY `+table.Sanitize()+` (`+strings.Join(claimColumns, ", ")+`) FROM STDIN BINARY`)
 	if err != nil {
 		// Not kept: on a broken connection pgconn can return while its
 		// sender still reads the buffer. A key present is no failure of

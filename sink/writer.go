@@ -489,14 +489,18 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		return outcome{}, err
 	}
 	again, reclaimed := reclaim(keys, won, stored, conflicting, rejected)
-	out := outcome{claimed: make([]dedup.Key, 0, len(keys)), digests: make([]dedup.Digest, 0, len(keys)), slice: slice}
 	// Each handler's events, in one allocation per handler.
 	counts := make(map[string]int, len(w.cfg.Handlers))
+	nwon := 0
 	for i, p := range keys {
 		if won[i] {
 			counts[p.key.Handler]++
+			nwon++
 		}
 	}
+	// Sized by what the claim found: a replay's re-read claims nothing.
+	out := outcome{claimed: make([]dedup.Key, 0, nwon), digests: make([]dedup.Digest, 0, nwon),
+		already: make([]skip, 0, len(keys)-nwon), slice: slice}
 	perHandler := make(map[string][]Event, len(counts))
 	for h, n := range counts {
 		perHandler[h] = getEvents(n)
