@@ -299,7 +299,8 @@ var claimColumns = []string{"event_id", "handler", "bus", "trace_id", "payload_d
 
 // copyClaims writes c by COPY under the savepoint onceflow_claim, opened
 // with the COPY, and reports whether it did. The savepoint is released
-// either way. false: some key of c is in the slice already (committed, or
+// when it returns no error; after an error the transaction is aborted and
+// must be rolled back. false: some key of c is in the slice already (committed, or
 // inserted by a transaction that committed while the COPY waited for
 // it), or the COPY wrote fewer rows than c has, the COPY was rolled back
 // to the savepoint, and nothing of c is written. Only a violation of the
@@ -331,14 +332,14 @@ func (t tables) copyClaims(ctx context.Context, q Querier, c claimSet) (bool, er
 }
 
 // copy opens the savepoint onceflow_claim and writes c into its slice by
-// binary COPY, and returns the rows written. On a Querier with a Conn method (a pgx transaction) it encodes
-// the rows itself, into a buffer kept for the next claim, and sends them
-// on that connection, under a span of its own ("copy_from <table>", as
-// otelpgx names pgx's): pgx's CopyFrom encodes each value through its type
-// map and grows a new buffer for each COPY, a quarter of what a steady
-// stream allocated; the savepoint goes in the COPY's query, with no round
-// trip of its own. Other Queriers' CopyFrom is called, after the
-// savepoint's Exec.
+// binary COPY, and returns the rows written. On a Querier with a Conn
+// method (a pgx transaction) it encodes the rows itself, into a buffer
+// kept for the next claim, and sends them on that connection, under a
+// span of its own ("copy_from <table>", as otelpgx names pgx's): pgx's
+// CopyFrom encodes each value through its type map and grows a new buffer
+// for each COPY, a quarter of what a steady stream allocated; the
+// savepoint goes in the COPY's query, with no round trip of its own.
+// Other Queriers' CopyFrom is called, after the savepoint's Exec.
 func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) {
 	table := pgx.Identifier{t.schema, sliceName(c.slice)}
 	cq, ok := q.(interface{ Conn() *pgx.Conn })

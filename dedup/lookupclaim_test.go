@@ -81,6 +81,20 @@ func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
 // committed meanwhile rolls that COPY back, claims the rest in a second
 // one and leaves no savepoint open.
 func TestLookupClaimFirstCopyConflicts(t *testing.T) {
+	// The COPY goes on the transaction's connection, or through the
+	// Querier's CopyFrom when it has no Conn method.
+	for _, q := range []struct {
+		name string
+		of   func(pgx.Tx) dedup.Querier
+	}{
+		{"pgx transaction", func(tx pgx.Tx) dedup.Querier { return tx }},
+		{"other querier", func(tx pgx.Tx) dedup.Querier { return hiddenConn{tx} }},
+	} {
+		t.Run(q.name, func(t *testing.T) { lookupClaimFirstCopyConflicts(t, q.of) })
+	}
+}
+
+func lookupClaimFirstCopyConflicts(t *testing.T, querier func(pgx.Tx) dedup.Querier) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool)
 	ctx := t.Context()
@@ -103,7 +117,7 @@ func TestLookupClaimFirstCopyConflicts(t *testing.T) {
 		var r result
 		r.err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var err error
-			r.c, err = dedup.LookupClaim(ctx, tx, schema, "kafka", "", []dedup.Key{c, b}, nil)
+			r.c, err = dedup.LookupClaim(ctx, querier(tx), schema, "kafka", "", []dedup.Key{c, b}, nil)
 			if err == nil {
 				if _, err := tx.Exec(ctx, `SAVEPOINT probe`); err != nil {
 					return err
