@@ -145,10 +145,18 @@ func (w *worker) enqueue(recs []*kgo.Record) {
 
 // nextBatch waits until a batch is due — BatchMaxRecords or BatchMaxBytes
 // queued, or BatchLinger since the oldest queued record — and takes it
-// from the queue. It reports false when the worker is told to stop.
+// from the queue. It reports false when the worker is told to stop, even
+// with batches due: a stopping worker starts none (what is queued is the
+// next owner's to read), so a revoke or a shutdown waits for the batch in
+// flight only.
 func (w *worker) nextBatch() ([]*kgo.Record, bool) {
 	cfg := &w.c.cfg
 	for {
+		select {
+		case <-w.quit:
+			return nil, false
+		default:
+		}
 		w.mu.Lock()
 		n, size, first := len(w.queue), w.qbytes, w.firstAt
 		w.mu.Unlock()
