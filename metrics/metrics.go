@@ -71,7 +71,8 @@ var (
 	descSkipped   = prometheus.NewDesc("onceflow_duplicates_skipped_total", "(event, handler) pairs skipped as duplicates, by layer.", []string{"layer"}, nil)
 	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
 	descConflicts = prometheus.NewDesc("onceflow_duplicates_conflicting_total", "Events whose event_id was already applied with a different payload: dead-lettered, the first version's effects stand.", nil, nil)
-	descBatches   = prometheus.NewDesc("onceflow_batches_total", "Batches committed.", nil, nil)
+	descBatches   = prometheus.NewDesc("onceflow_batches_total", "Batches committed, or found whole with their offset deferred.", nil, nil)
+	descDeferred  = prometheus.NewDesc("onceflow_batches_offset_deferred_total", "Batches found whole (every event applied before: a replay's re-read) that wrote nothing and left their offset to a later batch.", nil, nil)
 	descRetries   = prometheus.NewDesc("onceflow_transaction_retries_total", "Batch transactions retried after an error.", nil, nil)
 	descFenced    = prometheus.NewDesc("onceflow_batches_fenced_total", "Batches rolled back by the sink_offsets fence (the worker then stopped).", nil, nil)
 	descPublished = prometheus.NewDesc("onceflow_dead_letters_published_total", "Dead letters copied from the dead_letters table to the dead-letter topic.", nil, nil)
@@ -87,7 +88,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecords, descFetched, descQueued, descQueuedB, descApplied, descSkipped, descDead, descConflicts, descBatches, descRetries,
+	for _, d := range []*prometheus.Desc{descRecords, descFetched, descQueued, descQueuedB, descApplied, descSkipped, descDead, descConflicts, descBatches, descDeferred, descRetries,
 		descFenced, descPublished, descRange, descRetrying, descRebalance, descWorkers, descLag, descLRUSize, descLRUHits, descLRURatio} {
 		ch <- d
 	}
@@ -123,6 +124,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter(descDead, t.DeadLetters)
 	counter(descConflicts, t.Conflicts)
 	counter(descBatches, t.Batches)
+	counter(descDeferred, t.OffsetsDeferred)
 	counter(descRetries, t.Retries)
 	counter(descFenced, t.Fenced)
 	counter(descPublished, t.DeadLettersPublished)

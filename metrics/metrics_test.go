@@ -47,6 +47,7 @@ func TestHandlerServesEveryFamily(t *testing.T) {
 	for _, name := range []string{"onceflow_records_consumed_total", "onceflow_records_fetched_total", "onceflow_queued_records", "onceflow_queued_value_bytes", "onceflow_events_applied_total",
 		"onceflow_duplicates_skipped_total", "onceflow_dead_letters_total", "onceflow_duplicates_conflicting_total", "onceflow_batch_records",
 		"onceflow_batch_duration_seconds", "onceflow_transaction_retries_total", "onceflow_batches_fenced_total", "onceflow_dead_letters_published_total",
+		"onceflow_batches_total", "onceflow_batches_offset_deferred_total",
 		"onceflow_offsets_out_of_range_total", "onceflow_partitions_retrying",
 		"onceflow_rebalance_partitions_total", "onceflow_lru_size", "onceflow_lru_lookups_total", "onceflow_lru_hit_ratio",
 		"go_goroutines"} {

@@ -97,8 +97,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider          // nil disables tracing
 	Propagator     propagation.TextMapPropagator // reads producer span contexts; default W3C trace context
 
-	// OnBatch, if set, is called after each batch commits, from that
-	// partition's worker goroutine (so concurrently across partitions).
+	// OnBatch, if set, is called after each batch commits (or is found
+	// whole with its offset deferred: BatchInfo.Result.OffsetDeferred),
+	// from that partition's worker goroutine (so concurrently across
+	// partitions).
 	OnBatch func(BatchInfo)
 
 	// KafkaOptions are appended to the client's options (TLS, SASL, test

@@ -39,7 +39,8 @@ type Writer interface {
 	MarkDeadLettersPublished(ctx context.Context, ids []int64, notes []string) error
 }
 
-// BatchInfo describes one committed batch.
+// BatchInfo describes one committed batch, or one found whole that
+// deferred its offset (Result.OffsetDeferred) and wrote nothing.
 type BatchInfo struct {
 	Topic      string
 	Partition  int32
@@ -59,7 +60,8 @@ type Stats struct {
 	// before the fetch offset in a partition's first batch, and records
 	// of partitions this member no longer writes.
 	RecordsFetched       int64
-	Batches              int64 // batches committed
+	Batches              int64 // batches committed, or found whole with their offset deferred
+	OffsetsDeferred      int64 // batches found whole that wrote nothing, their offset left to a later batch (sink.Batch.DeferOffset)
 	Applied              int64 // (event, handler) pairs applied
 	SkippedLRU           int64
 	SkippedPostgres      int64
@@ -83,6 +85,7 @@ func (s Stats) Plus(o Stats) Stats {
 	s.RecordsConsumed += o.RecordsConsumed
 	s.RecordsFetched += o.RecordsFetched
 	s.Batches += o.Batches
+	s.OffsetsDeferred += o.OffsetsDeferred
 	s.Applied += o.Applied
 	s.SkippedLRU += o.SkippedLRU
 	s.SkippedPostgres += o.SkippedPostgres
@@ -105,6 +108,7 @@ func (s Stats) Plus(o Stats) Stats {
 type counters struct {
 	records, batches, applied, skippedLRU, skippedPG, dead, published, fenced, retries atomic.Int64
 	outOfRange, assigned, revoked, lost, workers, retrying, conflicts, fetched         atomic.Int64
+	deferred                                                                           atomic.Int64
 }
 
 // Consumer is one consumer-group member. Create it with New, run it with
@@ -272,7 +276,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettersPublished: s.published.Load(), Fenced: s.fenced.Load(), Retries: s.retries.Load(),
 		OffsetsOutOfRange: s.outOfRange.Load(), Assigned: s.assigned.Load(), Revoked: s.revoked.Load(),
 		Lost: s.lost.Load(), Workers: s.workers.Load(), Retrying: s.retrying.Load(),
-		Conflicts: s.conflicts.Load(),
+		Conflicts: s.conflicts.Load(), OffsetsDeferred: s.deferred.Load(),
 	}
 }
 

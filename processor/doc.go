@@ -16,6 +16,16 @@
 // dropped. Whoever writes the partition next starts again from the offset
 // stored in Postgres.
 //
+// A batch found whole — every event applied before, by every handler —
+// may leave its offset unstored (sink.Batch.DeferOffset) while the batch
+// before it was found whole too, more records are queued behind it, and
+// the partition's offset was stored less than a second ago: a replay's
+// re-read then costs one look-up per batch, not a transaction. Kafka is
+// not told of such a batch either. The stored offset lags by about a
+// second of records found applied, at most, which the next owner reads
+// again; the batch of a run's last records stores its offset, so a
+// partition gone idle has it stored unless its worker stopped first.
+//
 // # Nothing waits on one partition
 //
 // The poll loop never blocks on a worker: fetched records are queued to

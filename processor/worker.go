@@ -41,7 +41,10 @@ const (
 // exits, and its queue is dropped. So the stored offset only ever advances
 // over records whose effects or dead letters are in the same transaction.
 // A new worker (a new lease, after a new assignment or a retake) starts
-// again from the offset stored in Postgres.
+// again from the offset stored in Postgres — which can be behind the last
+// committed batch by batches that wrote nothing and deferred their offset
+// (those that closed within offsetEvery of the last store): those are read
+// again and found applied.
 type worker struct {
 	c       *Consumer
 	key     tp
@@ -51,7 +54,14 @@ type worker struct {
 
 	next     atomic.Int64 // records below it are written: dropped
 	retrying bool         // worker goroutine only
-	events   []sink.Event // the last batch's events, cleared: reused by the next batch; worker goroutine only
+	// storedAt is when fence was stored (or the lease taken), and
+	// wroteNothing whether the last batch, at its first attempt, found
+	// every event applied: with more records queued, the next batch may
+	// defer its offset (sink.Batch.DeferOffset) if offsetEvery has not
+	// passed when it closes. Worker goroutine only.
+	storedAt     time.Time
+	wroteNothing bool
+	events       []sink.Event // the last batch's events, cleared: reused by the next batch; worker goroutine only
 
 	mu      sync.Mutex // guards the queue; the poll loop appends, the worker takes
 	queue   []*kgo.Record
@@ -72,7 +82,7 @@ type worker struct {
 func (c *Consumer) newWorker(k tp, l sink.Lease, next int64) *worker {
 	ctx, cancel := context.WithCancel(c.hard)
 	w := &worker{
-		c: c, key: k, epoch: l.Epoch, fence: l.NextOffset, topicID: c.topicIDs[k.topic],
+		c: c, key: k, epoch: l.Epoch, fence: l.NextOffset, topicID: c.topicIDs[k.topic], storedAt: time.Now(),
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		ctx: ctx, cancel: cancel,
 	}
@@ -223,6 +233,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 	cfg := &w.c.cfg
 	start := time.Now()
 	b, links := w.batch(recs)
+	b.DeferOffset = w.mayDeferOffset()
 	defer func() {
 		// Nothing keeps a batch's events once it is written or given up
 		// (Write does not, nor do the handlers' copies): the next batch
@@ -245,6 +256,14 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 
 	backoff := cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
+		if attempt > 1 {
+			// A retry stores its offset: the attempt before may have
+			// committed with its outcome lost, and a batch found whole
+			// because of it must reach the offset's compare-and-set to
+			// learn so (FencedError.Committed), not leave the fence
+			// behind the offset stored.
+			b.DeferOffset = false
+		}
 		res, err := w.c.writer.Write(ctx, b)
 		var fe *sink.FencedError
 		if errors.As(err, &fe) && fe.Committed() {
@@ -256,10 +275,15 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 		}
 		if err == nil {
 			w.committed(ctx, b, recs, res, start)
+			// Found whole at the first try: the next batch may defer.
+			// (A batch found committed by an earlier attempt has an
+			// unknown outcome, counted as nothing here.)
+			w.wroteNothing = attempt == 1 && res.Applied == 0 && res.DeadLetters == 0
 			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),
 				attribute.Int("onceflow.skipped_lru", res.SkippedLRU),
 				attribute.Int("onceflow.skipped_postgres", res.SkippedPostgres),
-				attribute.Int("onceflow.attempts", attempt))
+				attribute.Int("onceflow.attempts", attempt),
+				attribute.Bool("onceflow.offset_deferred", res.OffsetDeferred))
 			return committed
 		}
 		span.RecordError(err)
@@ -327,14 +351,40 @@ func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
 	return b, links
 }
 
-// committed records a committed batch: the new fence, the Kafka mark, the
-// counters and the OnBatch callback.
+// offsetEvery is how long, at most, a partition's stored offset lags
+// behind the batches it re-reads found whole (see mayDeferOffset).
+const offsetEvery = time.Second
+
+// mayDeferOffset reports whether the next batch may leave its offset
+// unstored if it writes nothing else (sink.Batch.DeferOffset): the last
+// batch found every event applied (a replay's re-read, most likely, where
+// deferring saves a transaction per batch and guessing wrong costs a
+// look-up), more records are queued (so the batch of a run's last records
+// stores: a partition gone idle has its offset stored, unless its worker
+// stopped first), and an offset was stored less than offsetEvery ago (a
+// new owner reads about that much again). A retry never defers.
+func (w *worker) mayDeferOffset() bool {
+	if !w.wroteNothing || time.Since(w.storedAt) >= offsetEvery {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queue) > 0
+}
+
+// committed records a committed batch: the new fence and the Kafka mark
+// (unless the batch deferred its offset), the counters and the OnBatch
+// callback.
 func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Record, res sink.Result, start time.Time) {
-	w.fence = b.NextOffset
+	if !res.OffsetDeferred {
+		w.fence, w.storedAt = b.NextOffset, time.Now()
+	}
 	w.next.Store(b.NextOffset)
-	if !w.c.aborting.Load() {
+	if !w.c.aborting.Load() && !res.OffsetDeferred {
 		// Only now may Kafka learn of the batch: marked offsets are
-		// committed in the background, on revoke and on shutdown.
+		// committed in the background, on revoke and on shutdown. Kafka
+		// does not hear of a batch that deferred its offset either, so
+		// the group's committed offset never passes the stored one.
 		_, mark := w.c.tracer.Start(ctx, "kafka.mark_offset",
 			trace.WithAttributes(attribute.Int64("messaging.kafka.offset", b.NextOffset)))
 		w.c.cl.MarkCommitRecords(recs[len(recs)-1])
@@ -342,6 +392,9 @@ func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Recor
 	}
 	s := &w.c.stats
 	s.batches.Add(1)
+	if res.OffsetDeferred {
+		s.deferred.Add(1)
+	}
 	s.applied.Add(int64(res.Applied))
 	s.skippedLRU.Add(int64(res.SkippedLRU))
 	s.skippedPG.Add(int64(res.SkippedPostgres))

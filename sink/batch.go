@@ -68,6 +68,20 @@ type Batch struct {
 	TopicID     uuid.NullUUID
 	Events      []Event
 	DeadLetters []DeadLetter
+	// DeferOffset lets a batch that has nothing to write but its offset
+	// leave sink_offsets as it is: a batch with no dead letters, every
+	// (event, handler) key of which is claimed already with the event's
+	// own payload digest — known to the cache, or found in Postgres by one
+	// look-up outside any transaction. Write then begins no transaction,
+	// writes nothing, and reports [Result.OffsetDeferred]; the stored
+	// offset stays at Fence, which the caller's next batch carries again,
+	// and whoever takes the partition before an offset is stored reads
+	// those records again and finds them applied. Any other batch is
+	// written as usual, offset included, one round trip (the look-up)
+	// later. Meant for a replay's re-read: processor sets it while the
+	// partition's previous batch was found whole, more records are queued
+	// behind the batch, and an offset was stored less than a second ago.
+	DeferOffset bool
 }
 
 // Result counts what one Write did. Keys are (event, handler) pairs.
@@ -78,7 +92,10 @@ type Result struct {
 	DeadLetters     int          // records written to dead_letters (decode failures, rejections, data errors)
 	Rejected        []DeadLetter // events dead-lettered inside the transaction (rejected, isolated or conflicting), included in DeadLetters
 	Conflicts       int          // events refused as conflicting duplicates (ReasonConflict), included in Rejected
-	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated
+	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated; 0 when the offset was deferred
+	// OffsetDeferred: the batch was found whole under Batch.DeferOffset,
+	// and nothing was written; sink_offsets still holds Batch.Fence.
+	OffsetDeferred bool
 }
 
 // Handler applies the business effects of a batch of events inside the

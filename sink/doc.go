@@ -6,7 +6,11 @@
 // write for the events it claimed, record dead letters, compare-and-set the
 // partition's next offset in sink_offsets, COMMIT, and only then remember
 // the claimed keys in the cache. The caller (package processor) commits the
-// Kafka offset only after Write returns nil.
+// Kafka offset only after Write returns nil. A batch that asks for it
+// ([Batch.DeferOffset]) and has nothing to write — every key claimed
+// already, with the event's own payload, and no dead letter — is only
+// looked up, outside any transaction, and leaves the stored offset as it
+// is.
 //
 // Handlers are Go code ([Handler]) or one SQL statement each
 // ([SQLHandler], the no-code path: the statement reads the claimed events

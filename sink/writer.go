@@ -278,7 +278,9 @@ func (o *outcome) merge(p outcome) {
 // Write applies b in one transaction and returns what it did. On success the
 // effects of every event of b that applied, the dead letters (b's own and
 // the events isolated below), and sink_offsets = b.NextOffset are
-// committed, and the claimed keys are in the cache.
+// committed, and the claimed keys are in the cache — unless b asked to
+// defer its offset ([Batch.DeferOffset]) and was found whole: then nothing
+// is written, no transaction begun, and [Result.OffsetDeferred] is set.
 //
 // When a handler fails with a data error ([Classify] says [Data]: a
 // [RejectError], a data exception, a constraint violation, a value too
@@ -308,6 +310,17 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	}
 	todo, skipped, conflicts := w.fromCache(b)
 	res.SkippedLRU = len(skipped)
+	if b.DeferOffset && len(b.DeadLetters) == 0 && len(conflicts) == 0 {
+		found, err := w.foundWhole(ctx, todo)
+		if err != nil {
+			return res, err
+		}
+		if found != nil {
+			res.SkippedPostgres, res.OffsetDeferred = len(found), true
+			w.logSkips(ctx, b, append(skipped, found...))
+			return res, nil
+		}
+	}
 
 	res.Attempts++
 	out, err := w.transaction(ctx, b, todo, conflicts, false)
@@ -335,6 +348,39 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	res.Conflicts = len(conflicts) + out.conflicts
 	w.logSkips(ctx, b, skipped)
 	return res, nil
+}
+
+// foundWhole looks keys up, outside any transaction, and returns them as
+// skips when every one is claimed already with its event's payload digest
+// (or there are none); nil when some key is not claimed, or its claim
+// stored another digest (a conflict, which the transaction refuses). A
+// claim found is committed and stays so (only retention drops it, after
+// the horizon), so no transaction is needed to trust it.
+func (w *Writer) foundWhole(ctx context.Context, keys []pending) ([]skip, error) {
+	if len(keys) == 0 {
+		return []skip{}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout) // bounded as a transaction is
+	defer cancel()
+	ctx, span := w.tracer.Start(ctx, "dedup.lookup", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
+	found, stored, err := dedup.Lookup(ctx, w.pool, w.processed, keysAt(keys, nil))
+	if err != nil {
+		endSpan(span, err)
+		return nil, err
+	}
+	out := make([]skip, 0, len(keys))
+	for i, p := range keys {
+		if !found[i] || stored[i].Conflicts(p.digest) {
+			break
+		}
+		out = append(out, skip{p.key, p.event, "postgres", stored[i]})
+	}
+	span.SetAttributes(attribute.Bool("onceflow.found_whole", len(out) == len(keys)))
+	span.End()
+	if len(out) < len(keys) {
+		return nil, nil
+	}
+	return out, nil
 }
 
 // analyzeTimeout bounds one look at a dedup slice's statistics, the
