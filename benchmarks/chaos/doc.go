@@ -71,7 +71,7 @@
 // # Faults
 //
 // -faults picks among kill, term, stop, pg-restart, broker-restart,
-// conn-cut, commit-cut and storm; the schedule (in <run>/schedule.txt) is
+// conn-cut, commit-cut, storm and replay; the schedule (in <run>/schedule.txt) is
 // drawn from the seed: the same seed gives the same faults at the same
 // times against the same member slots. Each enabled kind occurs at least
 // once; the rest are drawn by weight, with at least -min-kills kills.
@@ -89,6 +89,11 @@
 //	                (rolled back), or after Postgres committed and before the
 //	                member hears (the outcome is unknown to the member)
 //	storm           2–4 members join 300ms apart, stay 0.5–3s, and leave (one killed)
+//	replay          the group stops (SIGTERM to every member; none restarts meanwhile),
+//	                onceflow replay --to-time 3–15s rewinds it (tried again while the
+//	                group still has members), and it starts again: every partition
+//	                reads those records again, finds them applied, and defers its
+//	                offsets, while the faults after it go on
 //
 // The cuts are toxiproxy toxics that read the Postgres protocol (BEGIN,
 // COMMIT, and the server's COMMIT reply); the report says how many landed
@@ -126,7 +131,7 @@
 // seconds before them. The full form is in <run>/evidence.txt, then one
 // line:
 //
-//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 settled=2.1s duration=3m10s PASS
+//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 settled=2.1s duration=3m10s PASS
 //
 // Exit status: 0 PASS, 1 FAIL (the guarantee did not hold), 2 the run
 // could not be set up, 3 INVALID (the harness or the broker lost data).

@@ -127,7 +127,8 @@ type memberSet struct {
 	slowEnd atomic.Int64 // members that did not exit within drainBound of a SIGTERM
 
 	mu    sync.Mutex
-	base  []*slot // the group's regular members, in start order; faults pick from these
+	held  chan struct{} // while not nil, no supervisor starts a process (hold); closed on release
+	base  []*slot       // the group's regular members, in start order; faults pick from these
 	all   []*slot
 	next  map[string]int // next slot number per prefix
 	ports map[int]bool   // HTTP ports in use
@@ -226,8 +227,71 @@ func (ms *memberSet) supervise(sl *slot, ready chan struct{}) {
 		if retired || ms.ctx.Err() != nil {
 			return
 		}
-		if !ms.sleep(delay) {
+		if !ms.sleep(delay) || !ms.released() {
 			return
+		}
+	}
+}
+
+// hold keeps every supervisor from starting a process until release is
+// called (once or more): a member that exits meanwhile, stopped by
+// haltAll or killed, is restarted only then.
+func (ms *memberSet) hold() (release func()) {
+	h := make(chan struct{})
+	ms.mu.Lock()
+	ms.held = h
+	ms.mu.Unlock()
+	return sync.OnceFunc(func() {
+		ms.mu.Lock()
+		ms.held = nil
+		ms.mu.Unlock()
+		close(h)
+	})
+}
+
+// released waits until no hold is on; false: the set is stopping.
+func (ms *memberSet) released() bool {
+	ms.mu.Lock()
+	h := ms.held
+	ms.mu.Unlock()
+	if h == nil {
+		return true
+	}
+	select {
+	case <-h:
+		return true
+	case <-ms.ctx.Done():
+		return false
+	}
+}
+
+// haltAll, under a hold, stops the whole group as an operator would:
+// SIGTERM to every running member (each drains and leaves the group),
+// SIGKILL to one still running drainBound later. It returns once no
+// member runs — a supervisor that was starting one as the hold came is
+// waited for too — with the names of those it had to kill.
+func (ms *memberSet) haltAll() []string {
+	var killed []string
+	for {
+		procs := ms.running()
+		if len(procs) == 0 {
+			// A supervisor past its hold check may be starting one.
+			if !ms.sleep(300*time.Millisecond) || len(ms.running()) == 0 {
+				return killed
+			}
+			continue
+		}
+		for _, p := range procs {
+			p.signal(syscall.SIGTERM, "halt")
+		}
+		for _, p := range procs {
+			select {
+			case <-p.exited:
+			case <-time.After(drainBound):
+				killed = append(killed, p.name)
+				p.signal(syscall.SIGKILL, "kill")
+				<-p.exited
+			}
 		}
 	}
 }

@@ -27,6 +27,7 @@ const schema = "chaos"
 // tally counts what the faults did.
 type tally struct {
 	kills, terms, stops, pgRestarts, brokerRestarts, storms int
+	replays                                                 int // group rewinds (onceflow replay) that took
 	midTx, resets, resetConns, before, after                int // connections cut by the proxy
 	terminated, terminatedInCommit                          int // by pg_terminate_backend
 	skipped                                                 int // faults that found no member to hit
@@ -391,7 +392,72 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 			}
 			sleepCtx(ctx, 300*time.Millisecond)
 		}
+	case faultReplay:
+		if !waitUp(ctx, c.pgUp) || !waitUp(ctx, c.brokerUp) {
+			return
+		}
+		release := ms.hold()
+		defer release()
+		say("replay: stop the group (SIGTERM every member), rewind it %v (onceflow replay --to-time %v), start it again", f.Pause, f.Pause)
+		t0 := time.Now()
+		if killed := ms.haltAll(); len(killed) > 0 {
+			say("replay: %s still running %v after SIGTERM: killed", strings.Join(killed, ", "), drainBound)
+		}
+		out, tries, err := c.rewind(ctx, n, f.Pause)
+		if err != nil {
+			say("replay: %v; the group starts again where it was", err)
+		} else {
+			c.t.replays++
+			say("replay: rewound (try %d, %v after the stop began): %s", tries, time.Since(t0).Round(time.Millisecond), out)
+		}
+		release()
 	}
+}
+
+// rewind runs onceflow replay --to-time ago, with a member's
+// configuration, against the stopped group until it takes: it refuses
+// while the group has members, and a member the stop had to kill stays in
+// the group until its session times out. It returns the rewind's summary
+// and the tries it took; every try's output is in logs/replay-<n>.log.
+func (c *chaos) rewind(ctx context.Context, n int, ago time.Duration) (string, int, error) {
+	ms := c.members
+	name := fmt.Sprintf("replay-%d", n)
+	cfgPath := filepath.Join(ms.dir, "members", name+".yaml")
+	port := ms.port() // its http.addr, never served by replay
+	defer ms.freePort(port)
+	if err := os.WriteFile(cfgPath, []byte(ms.cfg.yaml(name, port)), 0o644); err != nil {
+		return "", 0, err
+	}
+	logf, err := os.Create(filepath.Join(ms.dir, "logs", name+".log"))
+	if err != nil {
+		return "", 0, err
+	}
+	defer logf.Close()
+	deadline := time.Now().Add(3*c.o.session + 30*time.Second)
+	for tries := 1; ; tries++ {
+		tctx, cancel := context.WithTimeout(ctx, time.Minute)
+		cmd := exec.CommandContext(tctx, ms.bin, "replay", "--config", cfgPath, "--to-time", ago.String())
+		cmd.Env = ms.env
+		out, err := cmd.CombinedOutput()
+		cancel()
+		fmt.Fprintf(logf, "--- try %d:%s\n%s", tries, errSuffix(err), out)
+		last := lastLine(out)
+		if err == nil {
+			return last, tries, nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return "", tries, fmt.Errorf("onceflow replay failed %d times, the last: %v: %s", tries, err, last)
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return "", tries, ctx.Err()
+		}
+	}
+}
+
+// lastLine is the last non-empty line of out.
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
 }
 
 // later starts a service again after pause, in the background, trying

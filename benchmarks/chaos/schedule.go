@@ -20,16 +20,17 @@ const (
 	faultConnCut       faultKind = "conn-cut"       // cut Postgres connections mid-transaction
 	faultCommitCut     faultKind = "commit-cut"     // cut Postgres connections during COMMIT
 	faultStorm         faultKind = "storm"          // members join and leave in quick succession
+	faultReplay        faultKind = "replay"         // stop the group, onceflow replay --to-time, start it again
 )
 
 // allFaults lists every kind, in the order summaries name them.
 var allFaults = []faultKind{faultKill, faultTerm, faultStop, faultPGRestart, faultBrokerRestart,
-	faultConnCut, faultCommitCut, faultStorm}
+	faultConnCut, faultCommitCut, faultStorm, faultReplay}
 
 // weight is how often a kind is drawn, relative to the others.
 var weight = map[faultKind]int{
 	faultKill: 30, faultTerm: 10, faultStop: 8, faultPGRestart: 7, faultBrokerRestart: 4,
-	faultConnCut: 14, faultCommitCut: 18, faultStorm: 6,
+	faultConnCut: 14, faultCommitCut: 18, faultStorm: 6, faultReplay: 3,
 }
 
 // Variants of the connection cuts.
@@ -47,7 +48,7 @@ type fault struct {
 	At      time.Duration // since the faults began
 	Kind    faultKind
 	Target  int           // which running member: an index modulo their number, in start order
-	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay
+	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay; replay: how far back
 	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join
 	Variant string        // conn-cut: midtx, all or terminate; commit-cut: before or after
 	Skip    int           // midtx: client writes of the transaction let through before the cut
@@ -80,6 +81,8 @@ func (f fault) String() string {
 		fmt.Fprintf(&b, " %s the server commits, up to %d connections", f.Variant, f.N)
 	case faultStorm:
 		fmt.Fprintf(&b, " %d join, stay %v, leave (one killed)", f.N, f.Pause)
+	case faultReplay:
+		fmt.Fprintf(&b, " stop the group, rewind it %v, start it again", f.Pause)
 	}
 	return b.String()
 }
@@ -171,6 +174,8 @@ func newSchedule(seed uint64, c scheduleConfig) []fault {
 		case faultStorm:
 			f.N = 2 + rng.IntN(3)
 			f.Pause = ms(500, 3000)
+		case faultReplay:
+			f.Pause = ms(3000, 15000).Round(time.Second)
 		}
 		out[i] = f
 	}
