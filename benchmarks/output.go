@@ -79,7 +79,7 @@ func markdown(rep *Report) string {
 		}
 	}
 	writeProfiles(&b, rep)
-	b.WriteString("\nunique events/s: distinct events whose effects were applied, per second of the run. " +
+	b.WriteString("\nunique events/s: distinct events whose effects were applied, per second of the run (a scenario's ends at its last batch's COMMIT, a baseline's when its last write returns). " +
 		"records consumed/s includes duplicates and re-reads. Batch latency: from a batch closing to its COMMIT. " +
 		"Recovery: time from a membership change until the applied rate over the last 500 ms (wholly after the change) is back to 90% of the rate of the 2 s before it (changes after which the stream ended first are left out). " +
 		"Checkpoints: those the server began during the run; each run starts right after a CHECKPOINT (unless \"not from one\": the role lacks pg_checkpoint), so runs that write the same WAL meet theirs at the same places. " +
