@@ -275,10 +275,12 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 		}
 		if err == nil {
 			w.committed(ctx, b, recs, res, start)
-			// Found whole at the first try: the next batch may defer.
-			// (A batch found committed by an earlier attempt has an
-			// unknown outcome, counted as nothing here.)
-			w.wroteNothing = attempt == 1 && res.Applied == 0 && res.DeadLetters == 0
+			// Nothing applied at the first try: the next batch may try to
+			// defer (the Writer checks; undecodable records, dead letters
+			// in every pass, do not stop a re-read from deferring). A
+			// batch found committed by an earlier attempt has an unknown
+			// outcome, counted as nothing here.
+			w.wroteNothing = attempt == 1 && res.Applied == 0 && len(res.Rejected) == 0
 			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),
 				attribute.Int("onceflow.skipped_lru", res.SkippedLRU),
 				attribute.Int("onceflow.skipped_postgres", res.SkippedPostgres),

@@ -69,10 +69,11 @@ type Batch struct {
 	Events      []Event
 	DeadLetters []DeadLetter
 	// DeferOffset lets a batch that has nothing to write but its offset
-	// leave sink_offsets as it is: a batch with no dead letters, every
-	// (event, handler) key of which is claimed already with the event's
-	// own payload digest — known to the cache, or found in Postgres by one
-	// look-up outside any transaction. Write then begins no transaction,
+	// leave sink_offsets as it is: a batch whose dead letters, if any, are
+	// in dead_letters at their offsets already, and every (event, handler)
+	// key of which is claimed already with the event's own payload digest
+	// — known to the cache, or found in Postgres by a look-up outside any
+	// transaction. Write then begins no transaction,
 	// writes nothing, and reports [Result.OffsetDeferred]; the stored
 	// offset stays at Fence, which the caller's next batch carries again,
 	// and whoever takes the partition before an offset is stored reads

@@ -14,7 +14,8 @@ import (
 // TestDeferOffset: a batch under DeferOffset that has nothing to write is
 // not written — no offset, no transaction — and every other batch under it
 // is written whole, offset included: one with a key not claimed yet, one
-// whose event comes back with another payload, one with a dead letter.
+// whose event comes back with another payload, one with a dead letter not
+// recorded yet.
 func TestDeferOffset(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool, orders.Migrate)
@@ -98,6 +99,18 @@ func TestDeferOffset(t *testing.T) {
 	}
 	if res.OffsetDeferred || stored() != 13 {
 		t.Errorf("found whole without DeferOffset: %+v, stored offset %d; want 13 stored", res, stored())
+	}
+
+	// The record at offset 10 read again, still undecodable, with b: its
+	// dead letter is recorded already, so the batch has nothing to write.
+	res, err = w.Write(ctx, &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: 13, NextOffset: 11, DeferOffset: true,
+		Events:      events(9, []uuid.UUID{b}, [][]byte{vb}),
+		DeadLetters: []sink.DeadLetter{{Topic: "orders", Partition: 0, Offset: 10, Reason: "not json", Value: []byte("x")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OffsetDeferred || res.DeadLetters != 0 || stored() != 13 {
+		t.Errorf("a dead letter recorded already: %+v, stored offset %d; want the offset deferred, nothing written", res, stored())
 	}
 }
 

@@ -8,9 +8,9 @@
 // the claimed keys in the cache. The caller (package processor) commits the
 // Kafka offset only after Write returns nil. A batch that asks for it
 // ([Batch.DeferOffset]) and has nothing to write — every key claimed
-// already, with the event's own payload, and no dead letter — is only
-// looked up, outside any transaction, and leaves the stored offset as it
-// is.
+// already, with the event's own payload, and its dead letters recorded
+// already — is only looked up, outside any transaction, and leaves the
+// stored offset as it is.
 //
 // Handlers are Go code ([Handler]) or one SQL statement each
 // ([SQLHandler], the no-code path: the statement reads the claimed events

@@ -310,8 +310,8 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	}
 	todo, skipped, conflicts := w.fromCache(b)
 	res.SkippedLRU = len(skipped)
-	if b.DeferOffset && len(b.DeadLetters) == 0 && len(conflicts) == 0 {
-		found, err := w.foundWhole(ctx, todo)
+	if b.DeferOffset && len(conflicts) == 0 {
+		found, err := w.foundWhole(ctx, b, todo)
 		if err != nil {
 			return res, err
 		}
@@ -350,18 +350,26 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	return res, nil
 }
 
-// foundWhole looks keys up, outside any transaction, and returns them as
-// skips when every one is claimed already with its event's payload digest
-// (or there are none); nil when some key is not claimed, or its claim
-// stored another digest (a conflict, which the transaction refuses). A
-// claim found is committed and stays so (only retention drops it, after
-// the horizon), so no transaction is needed to trust it.
-func (w *Writer) foundWhole(ctx context.Context, keys []pending) ([]skip, error) {
+// foundWhole reports whether b has nothing to write, looking in
+// Postgres outside any transaction: its dead letters (records it could not
+// decode) are in dead_letters at their offsets already, and every key is
+// claimed with its event's payload digest. It returns the keys as skips
+// then (none when there are none), else nil: a dead letter not recorded,
+// a key not claimed, or a claim that stored another digest (a conflict,
+// which the transaction refuses). A claim or a dead letter found is
+// committed and stays so (only retention drops claims, after the
+// horizon), so no transaction is needed to trust it.
+func (w *Writer) foundWhole(ctx context.Context, b *Batch, keys []pending) ([]skip, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout) // bounded as a transaction is
+	defer cancel()
+	if len(b.DeadLetters) > 0 {
+		if ok, err := w.deadLettersRecorded(ctx, b); err != nil || !ok {
+			return nil, err
+		}
+	}
 	if len(keys) == 0 {
 		return []skip{}, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout) // bounded as a transaction is
-	defer cancel()
 	ctx, span := w.tracer.Start(ctx, "dedup.lookup", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
 	found, stored, err := dedup.Lookup(ctx, w.pool, w.processed, keysAt(keys, nil))
 	if err != nil {
@@ -381,6 +389,27 @@ func (w *Writer) foundWhole(ctx context.Context, keys []pending) ([]skip, error)
 		return nil, nil
 	}
 	return out, nil
+}
+
+// deadLettersRecorded reports whether every dead letter of b is in
+// dead_letters already, at its offset: writing it again would change
+// nothing.
+func (w *Writer) deadLettersRecorded(ctx context.Context, b *Batch) (bool, error) {
+	offsets := make([]int64, len(b.DeadLetters))
+	for i, d := range b.DeadLetters {
+		if d.Topic != b.Topic || d.Partition != b.Partition {
+			return false, nil
+		}
+		offsets[i] = d.Offset
+	}
+	var n int
+	err := w.pool.QueryRow(ctx, `SELECT count(*) FROM `+w.dead+`
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND "offset" = ANY($4::bigint[])`,
+		w.cfg.Group, b.Topic, b.Partition, offsets).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("look up dead letters: %w", err)
+	}
+	return n == len(slices.Compact(slices.Sorted(slices.Values(offsets)))), nil
 }
 
 // analyzeTimeout bounds one look at a dedup slice's statistics, the
