@@ -90,10 +90,11 @@
 //	                member hears (the outcome is unknown to the member)
 //	storm           2–4 members join 300ms apart, stay 0.5–3s, and leave (one killed)
 //	replay          the group stops (SIGTERM to every member; none restarts meanwhile),
-//	                onceflow replay --to-time 3–15s rewinds it (tried again while the
-//	                group still has members), and it starts again: every partition
-//	                reads those records again, finds them applied, and defers its
-//	                offsets, while the faults after it go on
+//	                onceflow replay rewinds it, --to-start or (one in three) --to-time
+//	                10–60s (tried again while the group still has members), and it
+//	                starts again 1–8s after the stop: every partition reads those
+//	                records again, finds them applied and defers its offsets, then
+//	                meets the records that piled up meanwhile; the faults go on
 //
 // The cuts are toxiproxy toxics that read the Postgres protocol (BEGIN,
 // COMMIT, and the server's COMMIT reply); the report says how many landed

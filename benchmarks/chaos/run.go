@@ -398,28 +398,33 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 		}
 		release := ms.hold()
 		defer release()
-		say("replay: stop the group (SIGTERM every member), rewind it %v (onceflow replay --to-time %v), start it again", f.Pause, f.Pause)
+		target := []string{"--to-time", fmt.Sprintf("%ds", f.N)}
+		if f.Variant == replayToStart {
+			target = []string{"--to-start"}
+		}
+		say("replay: stop the group (SIGTERM every member), rewind it (onceflow replay %s), start it again %v after the stop", strings.Join(target, " "), f.Pause)
 		t0 := time.Now()
 		if killed := ms.haltAll(); len(killed) > 0 {
 			say("replay: %s still running %v after SIGTERM: killed", strings.Join(killed, ", "), drainBound)
 		}
-		out, tries, err := c.rewind(ctx, n, f.Pause)
+		out, tries, err := c.rewind(ctx, n, target)
 		if err != nil {
 			say("replay: %v; the group starts again where it was", err)
 		} else {
 			c.t.replays++
 			say("replay: rewound (try %d, %v after the stop began): %s", tries, time.Since(t0).Round(time.Millisecond), out)
 		}
+		sleepCtx(ctx, time.Until(t0.Add(f.Pause)))
 		release()
 	}
 }
 
-// rewind runs onceflow replay --to-time ago, with a member's
-// configuration, against the stopped group until it takes: it refuses
+// rewind runs onceflow replay with the target's flags and a member's
+// configuration against the stopped group until it takes: it refuses
 // while the group has members, and a member the stop had to kill stays in
 // the group until its session times out. It returns the rewind's summary
 // and the tries it took; every try's output is in logs/replay-<n>.log.
-func (c *chaos) rewind(ctx context.Context, n int, ago time.Duration) (string, int, error) {
+func (c *chaos) rewind(ctx context.Context, n int, target []string) (string, int, error) {
 	ms := c.members
 	name := fmt.Sprintf("replay-%d", n)
 	cfgPath := filepath.Join(ms.dir, "members", name+".yaml")
@@ -436,7 +441,7 @@ func (c *chaos) rewind(ctx context.Context, n int, ago time.Duration) (string, i
 	deadline := time.Now().Add(3*c.o.session + 30*time.Second)
 	for tries := 1; ; tries++ {
 		tctx, cancel := context.WithTimeout(ctx, time.Minute)
-		cmd := exec.CommandContext(tctx, ms.bin, "replay", "--config", cfgPath, "--to-time", ago.String())
+		cmd := exec.CommandContext(tctx, ms.bin, append([]string{"replay", "--config", cfgPath}, target...)...)
 		cmd.Env = ms.env
 		out, err := cmd.CombinedOutput()
 		cancel()

@@ -42,15 +42,21 @@ const (
 	cutAfter     = "after"     // Postgres committed, the reply is lost: the outcome is unknown to the member
 )
 
+// Variants of the replay.
+const (
+	replayToTime  = "time"  // onceflow replay --to-time Pause
+	replayToStart = "start" // onceflow replay --to-start: every record again
+)
+
 // fault is one scheduled fault. Everything about it is drawn from the
 // seed; only where exactly a cut lands depends on timing.
 type fault struct {
 	At      time.Duration // since the faults began
 	Kind    faultKind
 	Target  int           // which running member: an index modulo their number, in start order
-	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay; replay: how far back
-	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join
-	Variant string        // conn-cut: midtx, all or terminate; commit-cut: before or after
+	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay; replay: how long the group is stopped
+	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join; replay (time): seconds back
+	Variant string        // conn-cut: midtx, all or terminate; commit-cut: before or after; replay: time or start
 	Skip    int           // midtx: client writes of the transaction let through before the cut
 }
 
@@ -82,7 +88,12 @@ func (f fault) String() string {
 	case faultStorm:
 		fmt.Fprintf(&b, " %d join, stay %v, leave (one killed)", f.N, f.Pause)
 	case faultReplay:
-		fmt.Fprintf(&b, " stop the group, rewind it %v, start it again", f.Pause)
+		if f.Variant == replayToStart {
+			b.WriteString(" stop the group, rewind it to the log start")
+		} else {
+			fmt.Fprintf(&b, " stop the group, rewind it %ds", f.N)
+		}
+		fmt.Fprintf(&b, ", start it again %v after the stop", f.Pause)
 	}
 	return b.String()
 }
@@ -175,7 +186,14 @@ func newSchedule(seed uint64, c scheduleConfig) []fault {
 			f.N = 2 + rng.IntN(3)
 			f.Pause = ms(500, 3000)
 		case faultReplay:
-			f.Pause = ms(3000, 15000).Round(time.Second)
+			// Far enough back for several batches a partition (the
+			// start: the backlog and all since), so that the re-read
+			// defers offsets and meets new records behind them.
+			// Stopped for a while, so that records pile up behind the
+			// re-read, as traffic does behind an operator's replay.
+			f.Variant = []string{replayToStart, replayToStart, replayToTime}[rng.IntN(3)]
+			f.N = 10 + rng.IntN(51)
+			f.Pause = ms(1000, 8000)
 		}
 		out[i] = f
 	}
