@@ -18,10 +18,11 @@ import (
 // A replay's re-read defers its offsets: once a partition's batch is found
 // whole, the batches behind it that are found whole too write nothing
 // (sink.Batch.DeferOffset) — yet each partition's last batch stores its
-// offset, so the stored offsets, and Kafka's, end at the log's end; and a
-// member stopped in the middle of the re-read, with offsets deferred,
-// leaves a next one that reads those records again, applies nothing
-// twice, and ends there too.
+// offset, so the stored offsets, and Kafka's, end at the log's end. A
+// member stopped in the middle of the re-read stores the offsets its
+// workers deferred as they exit; one that crashes (Abort) leaves them
+// behind, and the next member reads those records again, applies nothing
+// twice, and ends at the log's end too.
 func TestReplayDefersOffsets(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
 		const partitions = 3
@@ -36,20 +37,17 @@ func TestReplayDefersOffsets(t *testing.T) {
 		first.stop(t)
 		ends := e.logEnds()
 
-		// The rewind: every partition from its start again.
-		if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
-			t.Fatal(err)
-		}
 		var mu sync.Mutex
 		var deferred, stored int
-		last := map[int32]int64{} // the NextOffset of each partition's last batch
-		deferredOnce := make(chan struct{})
-		var once sync.Once
+		last := map[int32]int64{}        // the NextOffset of each partition's last batch
+		lastDeferred := map[int32]bool{} // whether that batch deferred its offset
+		var deferredOnce chan struct{}
+		var once *sync.Once
 		cfg := e.config("rereading")
 		cfg.OnBatch = func(bi processor.BatchInfo) {
 			mu.Lock()
 			defer mu.Unlock()
-			last[bi.Partition] = bi.NextOffset
+			last[bi.Partition], lastDeferred[bi.Partition] = bi.NextOffset, bi.Result.OffsetDeferred
 			if bi.Result.Applied != 0 {
 				t.Errorf("partition %d: the re-read applied %d keys", bi.Partition, bi.Result.Applied)
 			}
@@ -60,21 +58,61 @@ func TestReplayDefersOffsets(t *testing.T) {
 				stored++
 			}
 		}
-		m := e.start(cfg, slowWriter{e.writer(0), 30 * time.Millisecond, nil}) // 50 batches a partition: stopped well before the end
-		select {
-		case <-deferredOnce:
-		case <-time.After(60 * time.Second):
-			t.Fatal("no batch of the re-read deferred its offset within 60s")
+		// reread rewinds every partition to its start and starts a member
+		// that writes a batch each 30 ms (50 a partition), and returns it
+		// once one of its batches deferred its offset.
+		reread := func() *member {
+			t.Helper()
+			if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			deferred, stored = 0, 0
+			clear(last)
+			clear(lastDeferred)
+			deferredOnce, once = make(chan struct{}), new(sync.Once)
+			ch := deferredOnce
+			mu.Unlock()
+			m := e.start(cfg, slowWriter{e.writer(0), 30 * time.Millisecond, nil})
+			select {
+			case <-ch:
+			case <-time.After(60 * time.Second):
+				t.Fatal("no batch of the re-read deferred its offset within 60s")
+			}
+			return m
 		}
+
+		// Stopped: what the workers deferred is stored as they exit.
+		m := reread()
 		m.stop(t)
 		mu.Lock()
 		t.Logf("stopped in the re-read: %d batches deferred their offset, %d stored it", deferred, stored)
-		behind := false // some partition's last batches deferred: the next member reads them again
+		endedDeferred := 0
+		for p, n := range e.storedOffsets() {
+			if lastDeferred[p] {
+				endedDeferred++
+			}
+			if n != last[p] {
+				t.Errorf("partition %d: stored offset %d after the stop, want its last batch's %d (deferred: %v)", p, n, last[p], lastDeferred[p])
+			}
+		}
+		if endedDeferred == 0 {
+			t.Error("no partition's last batch before the stop deferred its offset: the case was not exercised")
+		}
+		mu.Unlock()
+
+		// Crashed: what the workers deferred is read again.
+		m = reread()
+		m.c.Abort()
+		m.stop(t)
+		mu.Lock()
+		t.Logf("aborted in the re-read: %d batches deferred their offset, %d stored it", deferred, stored)
+		behind := false
 		for p, n := range e.storedOffsets() {
 			behind = behind || n < last[p]
 		}
 		if !behind {
-			t.Error("every stored offset is its partition's last batch's: the stop left no deferred offset to read again")
+			t.Error("every stored offset is its partition's last batch's after the crash: no deferred offset was left to read again")
 		}
 		deferred, stored = 0, 0
 		mu.Unlock()

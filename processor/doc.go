@@ -23,8 +23,9 @@
 // re-read then costs one look-up per batch, not a transaction. Kafka is
 // not told of such a batch either. The stored offset lags by about a
 // second of records found applied, at most, which the next owner reads
-// again; the batch of a run's last records stores its offset, so a
-// partition gone idle has it stored unless its worker stopped first.
+// again after a crash; the batch of a run's last records stores its
+// offset, so a partition gone idle has it stored, and a worker told to
+// stop (revoke, shutdown) stores it as it exits.
 //
 // # Nothing waits on one partition
 //

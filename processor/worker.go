@@ -43,8 +43,9 @@ const (
 // A new worker (a new lease, after a new assignment or a retake) starts
 // again from the offset stored in Postgres — which can be behind the last
 // committed batch by batches that wrote nothing and deferred their offset
-// (those that closed within offsetEvery of the last store): those are read
-// again and found applied.
+// (those that closed within offsetEvery of the last store), when the worker
+// ended in a crash or an abort (told to stop, it stores that offset as it
+// exits): those are read again and found applied.
 type worker struct {
 	c       *Consumer
 	key     tp
@@ -61,6 +62,7 @@ type worker struct {
 	// passed when it closes. Worker goroutine only.
 	storedAt     time.Time
 	wroteNothing bool
+	deferred     *kgo.Record  // the last record of the last batch that deferred its offset, while none has stored since
 	events       []sink.Event // the last batch's events, cleared: reused by the next batch; worker goroutine only
 
 	mu      sync.Mutex // guards the queue; the poll loop appends, the worker takes
@@ -106,12 +108,41 @@ func (w *worker) loop() exit {
 	for {
 		recs, ok := w.nextBatch()
 		if !ok {
+			w.storeDeferred()
 			return stopped
 		}
 		if why := w.flush(recs); why != committed {
 			return why
 		}
 	}
+}
+
+// storeDeferred, as a worker told to stop exits, stores the offset its
+// last batches deferred, if they did: a transaction of the offset alone
+// (an empty batch), bounded as the drain is, then the Kafka mark. So a
+// revoke or a shutdown leaves the next owner nothing to read again. It
+// is one try: a failure (fenced, Postgres away, the drain timing out)
+// leaves those records to the next owner, who finds them applied.
+func (w *worker) storeDeferred() {
+	if w.deferred == nil || w.c.aborting.Load() {
+		return
+	}
+	last := w.deferred
+	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
+		NextOffset: last.Offset + 1, TopicID: w.topicID}
+	ctx, span := w.c.tracer.Start(w.ctx, "onceflow.store_deferred_offset", trace.WithAttributes(
+		attribute.String("messaging.destination.name", b.Topic),
+		attribute.Int("messaging.destination.partition.id", int(b.Partition)),
+		attribute.Int64("onceflow.next_offset", b.NextOffset), attribute.Int64("onceflow.epoch", b.Epoch)))
+	defer span.End()
+	if _, err := w.c.writer.Write(ctx, b); err != nil {
+		span.RecordError(err)
+		w.c.log.Info("could not store the offset deferred by the last batches as the worker stops; the next owner reads them again",
+			"topic", b.Topic, "partition", b.Partition, "fence", b.Fence, "next_offset", b.NextOffset, "err", err)
+		return
+	}
+	w.fence, w.deferred = b.NextOffset, nil
+	w.c.cl.MarkCommitRecords(last)
 }
 
 // highWater is the queue size, in records and in bytes, at which the
@@ -362,9 +393,10 @@ const offsetEvery = time.Second
 // batch found every event applied (a replay's re-read, most likely, where
 // deferring saves a transaction per batch and guessing wrong costs a
 // look-up), more records are queued (so the batch of a run's last records
-// stores: a partition gone idle has its offset stored, unless its worker
-// stopped first), and an offset was stored less than offsetEvery ago (a
-// new owner reads about that much again). A retry never defers.
+// stores: a partition gone idle has its offset stored), and an offset was
+// stored less than offsetEvery ago (a new owner that takes the partition
+// from a crashed member reads about that much again; a worker told to
+// stop stores it: storeDeferred). A retry never defers.
 func (w *worker) mayDeferOffset() bool {
 	if !w.wroteNothing || time.Since(w.storedAt) >= offsetEvery {
 		return false
@@ -378,8 +410,10 @@ func (w *worker) mayDeferOffset() bool {
 // (unless the batch deferred its offset), the counters and the OnBatch
 // callback.
 func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Record, res sink.Result, start time.Time) {
-	if !res.OffsetDeferred {
-		w.fence, w.storedAt = b.NextOffset, time.Now()
+	if res.OffsetDeferred {
+		w.deferred = recs[len(recs)-1]
+	} else {
+		w.fence, w.storedAt, w.deferred = b.NextOffset, time.Now(), nil
 	}
 	w.next.Store(b.NextOffset)
 	if !w.c.aborting.Load() && !res.OffsetDeferred {

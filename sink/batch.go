@@ -82,6 +82,9 @@ type Batch struct {
 	// later. Meant for a replay's re-read: processor sets it while the
 	// partition's previous batch was found whole, more records are queued
 	// behind the batch, and an offset was stored less than a second ago.
+	// Never set it on a retry: after a COMMIT whose outcome was lost, the
+	// batch would be found whole by its own committed attempt, and the
+	// offset stored then would not be the Fence the next batch carries.
 	DeferOffset bool
 }
 
