@@ -275,7 +275,9 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 		BatchMaxRecords: b.o.batch, BatchLinger: 20 * time.Millisecond, Logger: b.log,
 		OnBatch: func(bi processor.BatchInfo) {
 			g.mu.Lock()
-			g.dur = append(g.dur, bi.Duration)
+			if !bi.Result.OffsetDeferred { // batch latency: to a COMMIT
+				g.dur = append(g.dur, bi.Duration)
+			}
 			g.last = time.Now()
 			g.mu.Unlock()
 		},

@@ -58,6 +58,9 @@ func (m *Metrics) Handler() http.Handler {
 
 // OnBatch records a committed batch; it is a processor.Config.OnBatch.
 func (m *Metrics) OnBatch(b processor.BatchInfo) {
+	if b.Result.OffsetDeferred {
+		return // no transaction: onceflow_batches_offset_deferred_total counts it
+	}
 	m.batchSize.Observe(float64(b.Records))
 	m.batchDur.Observe(b.Duration.Seconds())
 }
