@@ -126,12 +126,13 @@ type memberSet struct {
 	exits   atomic.Int64 // exits the harness did not cause
 	slowEnd atomic.Int64 // members that did not exit within drainBound of a SIGTERM
 
-	mu    sync.Mutex
-	held  chan struct{} // while not nil, no supervisor starts a process (hold); closed on release
-	base  []*slot       // the group's regular members, in start order; faults pick from these
-	all   []*slot
-	next  map[string]int // next slot number per prefix
-	ports map[int]bool   // HTTP ports in use
+	mu       sync.Mutex
+	held     chan struct{} // while not nil, no supervisor starts a process (hold); closed on release
+	starting int           // processes being started: admitted, not yet current
+	base     []*slot       // the group's regular members, in start order; faults pick from these
+	all      []*slot
+	next     map[string]int // next slot number per prefix
+	ports    map[int]bool   // HTTP ports in use
 }
 
 // drainBound is how long a SIGTERMed member may take to drain before the
@@ -227,7 +228,7 @@ func (ms *memberSet) supervise(sl *slot, ready chan struct{}) {
 		if retired || ms.ctx.Err() != nil {
 			return
 		}
-		if !ms.sleep(delay) || !ms.released() {
+		if !ms.sleep(delay) {
 			return
 		}
 	}
@@ -249,34 +250,52 @@ func (ms *memberSet) hold() (release func()) {
 	})
 }
 
-// released waits until no hold is on; false: the set is stopping.
-func (ms *memberSet) released() bool {
+// admit waits until no hold is on and counts a process being started
+// (startDone uncounts it); false: the set is stopping.
+func (ms *memberSet) admit() bool {
+	for {
+		ms.mu.Lock()
+		h := ms.held
+		if h == nil {
+			ms.starting++
+			ms.mu.Unlock()
+			return true
+		}
+		ms.mu.Unlock()
+		select {
+		case <-h:
+		case <-ms.ctx.Done():
+			return false
+		}
+	}
+}
+
+func (ms *memberSet) startDone() {
 	ms.mu.Lock()
-	h := ms.held
+	ms.starting--
 	ms.mu.Unlock()
-	if h == nil {
-		return true
-	}
-	select {
-	case <-h:
-		return true
-	case <-ms.ctx.Done():
-		return false
-	}
+}
+
+// idle reports whether no member runs and none is being started.
+func (ms *memberSet) idle() bool {
+	ms.mu.Lock()
+	starting := ms.starting
+	ms.mu.Unlock()
+	return starting == 0 && len(ms.running()) == 0
 }
 
 // haltAll, under a hold, stops the whole group as an operator would:
 // SIGTERM to every running member (each drains and leaves the group),
 // SIGKILL to one still running drainBound later. It returns once no
-// member runs — a supervisor that was starting one as the hold came is
-// waited for too — with the names of those it had to kill.
+// member runs and none is being started (one admitted as the hold came
+// is waited for, and stopped too), with the names of those it had to
+// kill.
 func (ms *memberSet) haltAll() []string {
 	var killed []string
 	for {
 		procs := ms.running()
 		if len(procs) == 0 {
-			// A supervisor past its hold check may be starting one.
-			if !ms.sleep(300*time.Millisecond) || len(ms.running()) == 0 {
+			if ms.idle() || !ms.sleep(100*time.Millisecond) {
 				return killed
 			}
 			continue
@@ -336,8 +355,12 @@ func (ms *memberSet) sleep(d time.Duration) bool {
 	}
 }
 
-// start starts sl's next incarnation.
+// start starts sl's next incarnation, once no hold is on.
 func (ms *memberSet) start(sl *slot) (*proc, error) {
+	if !ms.admit() {
+		return nil, errors.New("the member set is stopping")
+	}
+	defer ms.startDone() // once the process is sl's current one, or failed
 	sl.mu.Lock()
 	sl.inc++
 	name := fmt.Sprintf("%s.%d", sl.name, sl.inc)

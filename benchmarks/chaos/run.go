@@ -409,7 +409,7 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 		}
 		out, tries, err := c.rewind(ctx, n, target)
 		if err != nil {
-			say("replay: %v; the group starts again where it was", err)
+			say("replay: %v; the group starts again (rewound in Postgres or not, as the tries left it)", err)
 		} else {
 			c.t.replays++
 			say("replay: rewound (try %d, %v after the stop began): %s", tries, time.Since(t0).Round(time.Millisecond), out)
