@@ -34,8 +34,8 @@ bench: up-postgres ## end-to-end benchmark, short mode (under 2 minutes): benchm
 	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -horizon 2s -duration 10s
 	$(GO) test ./dedup -run '^$$' -bench . -benchtime 2s
 
-bench-full: up-postgres ## the full benchmark behind the README's figures, three rounds (about 7 minutes): benchmarks/results/
-	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -rounds 3 -out benchmarks/results $(ARGS)
+bench-full: up-postgres ## the full benchmark behind the README's figures, five rounds (about 8 minutes): benchmarks/results/
+	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -rounds 5 -out benchmarks/results $(ARGS)
 
 bench-retention: up-postgres ## processed_events size under steady load at a 20s horizon, 3 minutes: benchmarks/results/retention
 	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results/retention $(ARGS)
