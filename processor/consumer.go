@@ -32,6 +32,9 @@ type Writer interface {
 	// Write applies one batch in one transaction; see sink.Writer.Write.
 	// b, its Events slice included, is the worker's again once Write
 	// returns (the next batch reuses the slice): Write must not keep it.
+	// A batch may have no events and no dead letters: a worker told to
+	// stop stores the offset its last batches deferred that way, moving
+	// it over records those batches found applied.
 	Write(ctx context.Context, b *sink.Batch) (sink.Result, error)
 	// LeaseDeadLetters and MarkDeadLettersPublished feed the dead-letter
 	// topic from the dead_letters table; see sink.Writer.

@@ -250,3 +250,66 @@ func (e *env) storedOffsets() map[int32]int64 {
 	}
 	return got
 }
+
+// stuckAfterDeferWriter fails, every time, each batch of a partition that
+// does not ask to defer once some batch of it has deferred; the empty
+// batch of a stopping worker goes through.
+type stuckAfterDeferWriter struct {
+	processor.Writer
+	mu         sync.Mutex
+	deferredTo map[int32]int64 // the NextOffset of each partition's last deferred batch
+	failed     int
+}
+
+func (s *stuckAfterDeferWriter) Write(ctx context.Context, b *sink.Batch) (sink.Result, error) {
+	s.mu.Lock()
+	if len(b.Events) > 0 && !b.DeferOffset && s.deferredTo[b.Partition] > 0 {
+		s.failed++
+		s.mu.Unlock()
+		return sink.Result{}, errors.New("test: Postgres refuses this batch")
+	}
+	s.mu.Unlock()
+	res, err := s.Writer.Write(ctx, b)
+	if err == nil && res.OffsetDeferred {
+		s.mu.Lock()
+		s.deferredTo[b.Partition] = b.NextOffset
+		s.mu.Unlock()
+	}
+	return res, err
+}
+
+// A worker told to stop while it waits to retry a batch stores the offset
+// the batches before it deferred, and no further: the failing batch is
+// the next owner's.
+func TestStopWhileRetryingStoresDeferred(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(3000, 0, 14)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		first := e.start(e.config("first"), e.writer(0))
+		e.waitStored(e.logEnds(), 60*time.Second)
+		first.stop(t)
+		if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
+			t.Fatal(err)
+		}
+		w := &stuckAfterDeferWriter{Writer: e.writer(0), deferredTo: map[int32]int64{}}
+		m := e.start(e.config("rereading"), w)
+		deadline := time.Now().Add(60 * time.Second)
+		for m.c.Stats().Retrying == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("no batch after a deferred one was retried within 60s: the case was not exercised")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		m.stop(t)
+		w.mu.Lock()
+		want := w.deferredTo[0]
+		w.mu.Unlock()
+		if got := e.storedOffsets()[0]; got != want {
+			t.Errorf("stored offset %d after a stop while retrying, want %d, where the deferred batches ended", got, want)
+		}
+	})
+}

@@ -23,7 +23,8 @@
 // re-read then costs one look-up per batch, not a transaction. Kafka is
 // not told of such a batch either. The stored offset lags by about a
 // second of records found applied, at most, which the next owner reads
-// again after a crash; the batch of a run's last records stores its
+// again after a crash (or a lost partition, or a drain that timed out);
+// the batch of a run's last records stores its
 // offset, so a partition gone idle has it stored, and a worker told to
 // stop (revoke, shutdown) stores it as it exits.
 //

@@ -112,6 +112,9 @@ func (w *worker) loop() exit {
 			return stopped
 		}
 		if why := w.flush(recs); why != committed {
+			if why == stopped { // told to stop while waiting to retry
+				w.storeDeferred()
+			}
 			return why
 		}
 	}
@@ -119,12 +122,14 @@ func (w *worker) loop() exit {
 
 // storeDeferred, as a worker told to stop exits, stores the offset its
 // last batches deferred, if they did: a transaction of the offset alone
-// (an empty batch), bounded as the drain is, then the Kafka mark. So a
-// revoke or a shutdown leaves the next owner nothing to read again. It
-// is one try: a failure (fenced, Postgres away, the drain timing out)
-// leaves those records to the next owner, who finds them applied.
+// (an empty batch: the offset moves over the deferred records only, which
+// end at or before any batch given up after them), bounded as the drain
+// is, then the Kafka mark. So a revoke or a shutdown leaves the next owner
+// nothing to read again. It is one try: a failure (fenced, Postgres away,
+// the drain timing out) leaves those records to the next owner, who finds
+// them applied; an abort or a lost partition does not try.
 func (w *worker) storeDeferred() {
-	if w.deferred == nil || w.c.aborting.Load() {
+	if w.deferred == nil || w.c.aborting.Load() || w.ctx.Err() != nil {
 		return
 	}
 	last := w.deferred
@@ -142,7 +147,9 @@ func (w *worker) storeDeferred() {
 		return
 	}
 	w.fence, w.deferred = b.NextOffset, nil
-	w.c.cl.MarkCommitRecords(last)
+	if !w.c.aborting.Load() {
+		w.c.cl.MarkCommitRecords(last)
+	}
 }
 
 // highWater is the queue size, in records and in bytes, at which the

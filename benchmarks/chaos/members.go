@@ -150,7 +150,9 @@ func newMemberSet(bin, dir string, cfg memberConfig, env []string, events *timel
 		next: map[string]int{}, ports: map[int]bool{}}, nil
 }
 
-// add starts a new slot: "m" for a regular member, "s" for a storm's.
+// add starts a new slot: "m" for a regular member, "s" for a storm's. It
+// waits for its first process to start, so for a hold to be released:
+// never call it under a hold of one's own.
 func (ms *memberSet) add(prefix string) *slot {
 	ms.mu.Lock()
 	ms.next[prefix]++
@@ -200,6 +202,9 @@ func (ms *memberSet) supervise(sl *slot, ready chan struct{}) {
 			close(ready)
 		}
 		if err != nil {
+			if ms.ctx.Err() != nil {
+				return // stopping: not started, as none will be
+			}
 			ms.events.add("member %s did not start: %v", sl.name, err)
 			if !ms.sleep(time.Second) {
 				return
