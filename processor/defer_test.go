@@ -63,9 +63,7 @@ func TestReplayDefersOffsets(t *testing.T) {
 		// once one of its batches deferred its offset.
 		reread := func() *member {
 			t.Helper()
-			if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
-				t.Fatal(err)
-			}
+			e.rewind()
 			mu.Lock()
 			deferred, stored = 0, 0
 			clear(last)
@@ -212,9 +210,7 @@ func TestRetryAfterLostCommitDoesNotDefer(t *testing.T) {
 		first := e.start(e.config("first"), e.writer(0))
 		e.waitStored(e.logEnds(), 60*time.Second)
 		first.stop(t)
-		if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
-			t.Fatal(err)
-		}
+		e.rewind()
 		e.produceMessages(stream.Messages[half:])
 		ends := e.logEnds()
 		w := &lostOutcomeWriter{Writer: e.writer(0)}
@@ -292,9 +288,7 @@ func TestStopWhileRetryingStoresDeferred(t *testing.T) {
 		first := e.start(e.config("first"), e.writer(0))
 		e.waitStored(e.logEnds(), 60*time.Second)
 		first.stop(t)
-		if _, err := e.pool.Exec(t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
-			t.Fatal(err)
-		}
+		e.rewind()
 		w := &stuckAfterDeferWriter{Writer: e.writer(0), deferredTo: map[int32]int64{}}
 		m := e.start(e.config("rereading"), w)
 		deadline := time.Now().Add(60 * time.Second)
@@ -312,4 +306,14 @@ func TestStopWhileRetryingStoresDeferred(t *testing.T) {
 			t.Errorf("stored offset %d after a stop while retrying, want %d, where the deferred batches ended", got, want)
 		}
 	})
+}
+
+// rewind moves every partition of the group back to offset 0 in
+// sink_offsets, as a replay does: the next member to take them reads the
+// topic again from its start.
+func (e *env) rewind() {
+	e.t.Helper()
+	if _, err := e.pool.Exec(e.t.Context(), `UPDATE `+e.schema+`.sink_offsets SET next_offset = 0 WHERE consumer_group = $1`, e.group); err != nil {
+		e.t.Fatal(err)
+	}
 }

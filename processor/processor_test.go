@@ -340,19 +340,7 @@ func TestDrainCommitsOffsets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stored := map[int32]int64{}
-		rows, err := e.pool.Query(t.Context(), `SELECT partition, next_offset FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1`, e.group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var p int32
-			var n int64
-			if err := rows.Scan(&p, &n); err != nil {
-				t.Fatal(err)
-			}
-			stored[p] = n
-		}
+		stored := e.storedOffsets()
 		if len(stored) == 0 {
 			t.Fatal("nothing stored in sink_offsets after the drain")
 		}
