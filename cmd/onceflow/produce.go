@@ -95,12 +95,14 @@ twice, as after a producer's retry or a consumer's crash.
 // client's default largest write to a broker (100 MiB).
 const maxProduceBytes = 64 << 20
 
-// Produce keeps at most this many records, and bytes of values, between
-// reading them and printing their outcome: its memory is bounded whatever
-// the input's length.
+// Produce holds at most windowBytes of values (or one value over that)
+// between reading them and printing their outcome, counted in units of
+// windowUnit bytes, at least one a record: its memory is bounded whatever
+// the input's length, and at most windowBytes/windowUnit records are in
+// flight.
 const (
-	windowRecords = 10000
-	windowBytes   = 32 << 20
+	windowBytes = 32 << 20
+	windowUnit  = 4 << 10
 )
 
 // producer sends values as records to one topic, in the order read, and
@@ -160,49 +162,38 @@ type values interface {
 	next() (value []byte, over int64, err error)
 }
 
-// inFlight is a record produced whose outcome is not printed yet.
+// inFlight is a value read whose outcome is not printed yet: a record
+// produced, or a value over the limit.
 type inFlight struct {
 	n        int // its line or argument number
 	rec      *kgo.Record
+	over     int64 // the value's length when over the limit (no record)
+	units    int   // of the window it holds
 	deadline time.Time
 	done     chan error // buffered: the promise never blocks
 }
 
-// run sends every value of in that is within the limit, printing each
-// outcome in input order, and reports each value not sent by its number
-// (what names it: line or argument). It returns an error with the summary
-// when any value was not sent or its reading failed.
+// run sends every value of in that is within the limit, and reports each
+// value's outcome in input order as it comes: where a record landed on out,
+// a value not sent on errOut, by its number (what names it: line or
+// argument). A printer goroutine, which run waits for, reports while run
+// reads on. It returns an error with the summary when any value was not
+// sent or reading failed.
 func (p *producer) run(ctx context.Context, cl *kgo.Client, in values, what string) error {
-	var (
-		queue                 []*inFlight
-		queued                int // bytes of values in queue
-		sent, refused, unsure []int
-	)
-	settle := func(f *inFlight) {
-		var err error
-		select {
-		case err = <-f.done:
-		case <-time.After(time.Until(f.deadline)):
-			err = wire.ErrStillProducing
+	units := make(chan struct{}, max(windowBytes, p.limit+1)/windowUnit+1) // the window, see windowBytes
+	// At most one entry per unit held, so a send never blocks.
+	pending := make(chan *inFlight, cap(units))
+	var sent, refused, unsure []int // the printer's until it is done
+	printed := make(chan struct{})
+	go func() {
+		defer close(printed)
+		for f := range pending {
+			p.report(f, what, &sent, &refused, &unsure)
+			for range f.units {
+				<-units
+			}
 		}
-		switch {
-		case err == nil:
-			sent = append(sent, f.n)
-			fmt.Fprintf(p.out, "%s/%d@%d\n", f.rec.Topic, f.rec.Partition, f.rec.Offset)
-		case errors.Is(err, wire.ErrStillProducing):
-			unsure = append(unsure, f.n)
-			fmt.Fprintf(p.errOut, "%s %d: not acknowledged within kafka.produce_timeout (%v): it may still reach the topic\n", what, f.n, p.timeout)
-		default:
-			refused = append(refused, f.n)
-			fmt.Fprintf(p.errOut, "%s %d: not sent: %v\n", what, f.n, err)
-		}
-	}
-	settleHead := func() {
-		settle(queue[0])
-		queued -= len(queue[0].rec.Value)
-		queue[0] = nil
-		queue = queue[1:]
-	}
+	}()
 	var readErr error
 	for n := 1; ctx.Err() == nil; n++ {
 		v, over, err := in.next()
@@ -213,23 +204,19 @@ func (p *producer) run(ctx context.Context, cl *kgo.Client, in values, what stri
 			readErr = fmt.Errorf("read %s %d: %w", what, n, err)
 			break
 		}
-		if over > 0 {
-			refused = append(refused, n)
-			fmt.Fprintf(p.errOut, "%s %d: not sent: %d bytes, over the limit of %d bytes (%s)\n", what, n, over, p.limit, p.limitWhy)
-			continue
+		f := &inFlight{n: n, over: over, units: max(len(v)/windowUnit, 1)}
+		for range f.units {
+			units <- struct{}{}
 		}
-		for len(queue) > 0 && (len(queue) >= windowRecords || queued+len(v) > windowBytes) {
-			settleHead()
+		if over == 0 {
+			f.rec = &kgo.Record{Topic: p.topic, Key: p.key, Value: v, Headers: p.headers}
+			f.deadline, f.done = time.Now().Add(p.timeout), make(chan error, 1)
+			cl.Produce(ctx, f.rec, func(_ *kgo.Record, err error) { f.done <- err })
 		}
-		f := &inFlight{n: n, rec: &kgo.Record{Topic: p.topic, Key: p.key, Value: v, Headers: p.headers},
-			deadline: time.Now().Add(p.timeout), done: make(chan error, 1)}
-		queue = append(queue, f)
-		queued += len(v)
-		cl.Produce(ctx, f.rec, func(_ *kgo.Record, err error) { f.done <- err })
+		pending <- f
 	}
-	for len(queue) > 0 {
-		settleHead()
-	}
+	close(pending)
+	<-printed
 	if readErr == nil {
 		readErr = ctx.Err()
 	}
@@ -247,6 +234,35 @@ func (p *producer) run(ctx context.Context, cl *kgo.Client, in values, what stri
 		return fmt.Errorf("%s; then: %w", summary, readErr)
 	}
 	return errors.New(summary)
+}
+
+// report waits for f's outcome, at most until its deadline, prints it and
+// counts it in sent, refused or unsure.
+func (p *producer) report(f *inFlight, what string, sent, refused, unsure *[]int) {
+	if f.rec == nil {
+		*refused = append(*refused, f.n)
+		fmt.Fprintf(p.errOut, "%s %d: not sent: %d bytes, over the limit of %d bytes (%s)\n", what, f.n, f.over, p.limit, p.limitWhy)
+		return
+	}
+	var err error
+	t := time.NewTimer(time.Until(f.deadline))
+	defer t.Stop()
+	select {
+	case err = <-f.done:
+	case <-t.C:
+		err = wire.ErrStillProducing
+	}
+	switch {
+	case err == nil:
+		*sent = append(*sent, f.n)
+		fmt.Fprintf(p.out, "%s/%d@%d\n", f.rec.Topic, f.rec.Partition, f.rec.Offset)
+	case errors.Is(err, wire.ErrStillProducing):
+		*unsure = append(*unsure, f.n)
+		fmt.Fprintf(p.errOut, "%s %d: not acknowledged within kafka.produce_timeout (%v): it may still reach the topic\n", what, f.n, p.timeout)
+	default:
+		*refused = append(*refused, f.n)
+		fmt.Fprintf(p.errOut, "%s %d: not sent: %v\n", what, f.n, err)
+	}
 }
 
 // numbers names ns, the first ten of them: "line 3", "lines 3, 5".

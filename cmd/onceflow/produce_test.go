@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -152,5 +153,39 @@ func TestLineReaderSkipsALongLineWithoutHoldingIt(t *testing.T) {
 	}
 	if _, _, err := lr.next(); err != io.EOF {
 		t.Errorf("after the last line: %v, want io.EOF", err)
+	}
+}
+
+// A line's outcome is printed as it comes, while standard input stays
+// open: produce reads a stream, not a file.
+func TestProducePrintsWhileInputIsOpen(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "stream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pr, pw := io.Pipe()
+	root := newRoot()
+	out := &syncBuffer{}
+	root.SetIn(pr)
+	root.SetOut(out)
+	root.SetErr(io.Discard)
+	root.SetArgs([]string{"produce", "--brokers", strings.Join(c.ListenAddrs(), ","), "--topic", "stream"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(t.Context()) }()
+	if _, err := io.WriteString(pw, `{"n":1}`+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for out.String() != "stream/0@0\n" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := out.String()
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Errorf("produce: %v", err)
+	}
+	if got != "stream/0@0\n" {
+		t.Errorf("stdout while the input is open: %q, want the first record's place", got)
 	}
 }
