@@ -65,8 +65,10 @@ twice, as after a producer's retry or a consumer's crash.
 			// The client may take a record up to decode.max_record_bytes
 			// (its default batch limit is below 1 MiB); the topic's own
 			// limit, asked below, may be lower.
-			p.limit = min(a.cfg.Decode.MaxRecordBytes, maxProduceBytes-p.overhead())
-			p.limitWhy = "decode.max_record_bytes"
+			p.limit, p.limitWhy = a.cfg.Decode.MaxRecordBytes, "decode.max_record_bytes"
+			if most := maxProduceBytes - p.overhead(); p.limit > most {
+				p.limit, p.limitWhy = most, "the largest record batch produce builds, 64 MiB, less the record's overhead"
+			}
 			cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(a.cfg.Kafka.Brokers...),
 				kgo.ClientID(a.cfg.Kafka.ClientID + "-produce"), kgo.AllowAutoTopicCreation(),
 				kgo.ProducerBatchMaxBytes(int32(max(p.limit+p.overhead(), 512)))},
