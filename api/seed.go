@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -46,12 +47,16 @@ type SeedConfig struct {
 	// audit's retained_until is computed; 0: unlimited.
 	Horizon        time.Duration
 	TracerProvider trace.TracerProvider // nil: no spans
+	// Logger receives the failures that are not the caller's (a 5xx);
+	// nil: discard.
+	Logger *slog.Logger
 }
 
 // Seed serves the seed's endpoints. It is safe for concurrent use.
 type Seed struct {
 	cfg    SeedConfig
 	tracer trace.Tracer
+	log    *slog.Logger
 }
 
 // NewSeed returns the seed's endpoints over cfg, or an error naming every
@@ -74,14 +79,25 @@ func NewSeed(cfg SeedConfig) (*Seed, error) {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return &Seed{cfg: cfg, tracer: tp.Tracer("github.com/onceflow/onceflow/api")}, nil
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Seed{cfg: cfg, tracer: tp.Tracer("github.com/onceflow/onceflow/api"), log: log}, nil
 }
 
-// Register adds the seed's routes to mux.
+// Register adds the seed's routes to mux. Every answer is JSON, an error
+// an object whose error field names the problem: 4xx for what the caller
+// sent (405 for a method a route does not serve), 503 with Retry-After
+// when Postgres is unavailable, 502 when the broker refuses a replay, and
+// 500 only for a fault of the server (see classify).
 func (s *Seed) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /events-outbox/{bus}", s.enqueue)
 	mux.HandleFunc("GET /audit/event/{id}", s.audit)
 	mux.HandleFunc("POST /demo/replay-event/{id}", s.replay)
+	mux.HandleFunc("/events-outbox/{bus}", methodNotAllowed("/events-outbox/{bus}", "POST"))
+	mux.HandleFunc("/audit/event/{id}", methodNotAllowed("/audit/event/{id}", "GET, HEAD"))
+	mux.HandleFunc("/demo/replay-event/{id}", methodNotAllowed("/demo/replay-event/{id}", "POST"))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -116,7 +132,9 @@ type accepted struct {
 }
 
 // enqueue writes the order and its outbox row in one transaction, the
-// Idempotency-Key as the event id.
+// Idempotency-Key as the event id. The body is the order's JSON whatever
+// the content type says (curl -d sends a form's), and must be what Postgres
+// can store as jsonb: what the consumer's events relation holds.
 func (s *Seed) enqueue(w http.ResponseWriter, r *http.Request) {
 	ctx, span := s.startSpan(r, "POST /events-outbox/{bus}")
 	defer span.End()
@@ -129,6 +147,9 @@ func (s *Seed) enqueue(w http.ResponseWriter, r *http.Request) {
 	ans := accepted{EventID: key, Status: "accepted"}
 	res, err := s.cfg.Store.Enqueue(ctx, outbox.Event{ID: key, Payload: body, Traceparent: carrier["traceparent"]},
 		func(ctx context.Context, tx pgx.Tx) (err error) {
+			if _, err := tx.Exec(ctx, storable, string(body)); err != nil {
+				return fmt.Errorf("body as jsonb: %w", err)
+			}
 			ans.OrderID, err = orders.Insert(ctx, tx, s.cfg.Schema, key, o)
 			return err
 		})
@@ -140,7 +161,7 @@ func (s *Seed) enqueue(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnprocessableEntity, "Idempotency-Key %s was already used with a different order", key)
 		return
 	case err != nil:
-		writeError(w, http.StatusInternalServerError, "enqueue: %v", err)
+		s.fail(w, r, "order", err, true)
 		return
 	}
 	if res.Replayed {
@@ -154,7 +175,7 @@ func (s *Seed) enqueue(w http.ResponseWriter, r *http.Request) {
 func (s *Seed) readOrder(w http.ResponseWriter, r *http.Request) (uuid.UUID, []byte, orders.Order, bool) {
 	var o orders.Order
 	if bus := r.PathValue("bus"); bus != s.cfg.Bus {
-		writeError(w, http.StatusBadRequest, "bus %q is not served here: only %q is", bus, s.cfg.Bus)
+		writeError(w, http.StatusBadRequest, "bus %s is not served here: only %q is", short(bus), s.cfg.Bus)
 		return uuid.Nil, nil, o, false
 	}
 	rawKey := r.Header.Get("Idempotency-Key")
@@ -164,7 +185,7 @@ func (s *Seed) readOrder(w http.ResponseWriter, r *http.Request) (uuid.UUID, []b
 	}
 	key, ok := ParseID(rawKey)
 	if !ok {
-		writeError(w, http.StatusBadRequest, "Idempotency-Key %q is not a UUID (like 7f8a0000-0000-0000-0000-000000000001)", rawKey)
+		writeError(w, http.StatusBadRequest, "Idempotency-Key %s is not a UUID (like 7f8a0000-0000-0000-0000-000000000001)", short(rawKey))
 		return uuid.Nil, nil, o, false
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
@@ -174,6 +195,10 @@ func (s *Seed) readOrder(w http.ResponseWriter, r *http.Request) (uuid.UUID, []b
 	}
 	if len(body) > maxBody {
 		writeError(w, http.StatusRequestEntityTooLarge, "body is over 1 MiB")
+		return uuid.Nil, nil, o, false
+	}
+	if err := checkBody(body); err != nil {
+		writeError(w, http.StatusBadRequest, "%v (want an order like {\"user_id\":1,\"items\":[\"A\"]})", err)
 		return uuid.Nil, nil, o, false
 	}
 	if o, err = orders.Parse(body); err != nil {
@@ -186,12 +211,14 @@ func (s *Seed) readOrder(w http.ResponseWriter, r *http.Request) (uuid.UUID, []b
 func (s *Seed) audit(w http.ResponseWriter, r *http.Request) {
 	id, ok := ParseID(r.PathValue("id"))
 	if !ok {
-		writeError(w, http.StatusBadRequest, "event id %q is not a UUID", r.PathValue("id"))
+		writeError(w, http.StatusBadRequest, "event id %s is not a UUID", short(r.PathValue("id")))
 		return
 	}
-	ev, err := Audit(r.Context(), s.cfg.Pool, s.cfg.Store, s.cfg.Schema, s.cfg.Handlers, s.cfg.Horizon, id)
+	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	defer cancel()
+	ev, err := Audit(ctx, s.cfg.Pool, s.cfg.Store, s.cfg.Schema, s.cfg.Handlers, s.cfg.Horizon, id)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "audit: %v", err)
+		s.fail(w, r, "audit", err, false)
 		return
 	}
 	writeJSON(w, http.StatusOK, ev)
@@ -207,7 +234,7 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 	defer span.End()
 	id, ok := ParseID(r.PathValue("id"))
 	if !ok {
-		writeError(w, http.StatusBadRequest, "event id %q is not a UUID", r.PathValue("id"))
+		writeError(w, http.StatusBadRequest, "event id %s is not a UUID", short(r.PathValue("id")))
 		return
 	}
 	payload, err := s.cfg.Store.Payload(ctx, id)
@@ -216,10 +243,10 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "replay: %v", err)
+		s.fail(w, r, "replay", err, false)
 		return
 	}
-	other, ok := replayBody(w, r)
+	other, ok := s.replayBody(ctx, w, r)
 	if !ok {
 		return
 	}
@@ -232,7 +259,7 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.cfg.Store.MarkRepublished(ctx, id); err != nil {
-		writeError(w, http.StatusInternalServerError, "replay: %v", err)
+		s.fail(w, r, "replay", err, false)
 		return
 	}
 	if conflict {
@@ -256,9 +283,9 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 }
 
 // replayBody reads the optional order a replay publishes instead of the
-// stored one: nil when the body is empty. On a problem it answers and
-// returns false.
-func replayBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+// stored one: nil when the body is empty. Like an enqueued order, it must
+// be one Postgres can store. On a problem it answers and returns false.
+func (s *Seed) replayBody(ctx context.Context, w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 	switch {
 	case err != nil:
@@ -270,8 +297,19 @@ func replayBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	case len(bytes.TrimSpace(body)) == 0:
 		return nil, true
 	}
+	const want = `want an order to publish under the same id, like {"user_id":2,"items":["B"]}, or no body to publish the stored one`
+	if err := checkBody(body); err != nil {
+		writeError(w, http.StatusBadRequest, "%v (%s)", err, want)
+		return nil, false
+	}
 	if _, err := orders.Parse(body); err != nil {
-		writeError(w, http.StatusBadRequest, "body: %v (want an order to publish under the same id, like {\"user_id\":2,\"items\":[\"B\"]}, or no body to publish the stored one)", err)
+		writeError(w, http.StatusBadRequest, "body: %v (%s)", err, want)
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if _, err := s.cfg.Pool.Exec(ctx, storable, string(body)); err != nil {
+		s.fail(w, r, "body as jsonb", err, true)
 		return nil, false
 	}
 	return body, true

@@ -78,12 +78,23 @@ func orderOf(e sink.Event) (Order, error) {
 	return Parse(e.Value)
 }
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/producer/*.sql
 var migrations embed.FS
 
-// Migrate creates the demo business tables in schema.
+// Migrate creates the demo business tables in schema: the producer's
+// orders table (see [MigrateProducer]) and the four handlers' tables.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if err := MigrateProducer(ctx, pool, schema); err != nil {
+		return err
+	}
 	return migrate.Apply(ctx, pool, schema, "orders", migrations, "migrations")
+}
+
+// MigrateProducer creates only the orders table in schema: what [Insert]
+// and [ID] need, for a program that takes orders (the seed's POST
+// /events-outbox/{bus}) whichever handlers consume them.
+func MigrateProducer(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	return migrate.Apply(ctx, pool, schema, "orders.producer", migrations, "migrations/producer")
 }
 
 // New returns the handler called name, writing to its table in schema,

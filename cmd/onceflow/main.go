@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
 )
@@ -170,13 +171,18 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-// migrate creates sink's tables, the outbox's (the producer side of
-// serve) and those of the configured handlers in schema.
+// migrate creates sink's tables, the outbox and the orders table (the
+// producer side of serve, whose API writes an order and its outbox row
+// whichever handlers are configured) and those of the configured handlers
+// in schema.
 func (a *app) migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if err := sink.Migrate(ctx, pool, schema); err != nil {
 		return err
 	}
 	if err := outbox.Migrate(ctx, pool, schema); err != nil {
+		return err
+	}
+	if err := orders.MigrateProducer(ctx, pool, schema); err != nil {
 		return err
 	}
 	return registry.migrator(a.cfg.Handlers)(ctx, pool, schema)

@@ -12,9 +12,9 @@ func newMigrateCmd() *cobra.Command {
 		Use:   "migrate",
 		Short: "Create or upgrade onceflow's tables in postgres.schema",
 		Long: `migrate creates the schema named by postgres.schema if needed, and in it
-processed_events, sink_offsets, dead_letters, the outbox and the demo
-business tables (orders, emails_sent, inventory_reserved,
-analytics_counters, recommender_weights).
+processed_events, sink_offsets, dead_letters, the outbox and orders (what
+serve's API writes), and the tables of the configured handlers (the demo's:
+emails_sent, inventory_reserved, analytics_counters, recommender_weights).
 It is idempotent and safe to run concurrently; run also migrates at start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

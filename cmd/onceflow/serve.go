@@ -207,7 +207,8 @@ func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metric
 		return nil, err
 	}
 	seed, err := api.NewSeed(api.SeedConfig{Pool: pool, Store: store, Publisher: relay, Schema: a.cfg.Postgres.Schema,
-		Bus: a.cfg.Bus, Topic: a.cfg.Kafka.Topics[0], Handlers: a.cfg.Handlers, Horizon: a.cfg.Dedup.Retention, TracerProvider: a.tp})
+		Bus: a.cfg.Bus, Topic: a.cfg.Kafka.Topics[0], Handlers: a.handlerNames(), Horizon: a.cfg.Dedup.Retention, TracerProvider: a.tp,
+		Logger: a.log})
 	if err != nil {
 		return nil, err
 	}

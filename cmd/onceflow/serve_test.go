@@ -41,7 +41,9 @@ type seedServer struct {
 	stop   func() // stops the server and flushes its spans; idempotent
 }
 
-func startSeedServer(t *testing.T) *seedServer {
+// startSeedServer starts serve with an embedded Kafka in a fresh schema,
+// with the default config edited by each of edits (given the schema).
+func startSeedServer(t *testing.T, edits ...func(c *config.Config, schema string)) *seedServer {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
 	schema := freshSchema(t, pool, "test_serve_")
@@ -51,6 +53,9 @@ func startSeedServer(t *testing.T) *seedServer {
 	}
 	cfg.Postgres.DSN, cfg.Postgres.Schema, cfg.HTTP.Addr = dsn, schema, "127.0.0.1:0"
 	cfg.Batch.Linger = 10 * time.Millisecond
+	for _, edit := range edits {
+		edit(&cfg, schema)
+	}
 	logs := &syncBuffer{}
 	a := &app{cfg: cfg, log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -206,5 +211,36 @@ func TestSeedWalkthroughs(t *testing.T) {
 	s.drained()
 	if a = s.audit(key, func(map[string]any) bool { return true }); len(processed(a)) != 4 || a["emails_sent"] != float64(1) {
 		t.Errorf("5.3: %d processed rows, %v emails; want 4 and 1", len(processed(a)), a["emails_sent"])
+	}
+}
+
+// serve's own API writes orders whatever the handlers: with no Go handler
+// and only sql_handlers, an order is accepted (its table exists, though
+// none of the demo handlers' tables do) and the SQL handler applies it.
+func TestServeWithOnlySQLHandlersTakesOrders(t *testing.T) {
+	s := startSeedServer(t, func(c *config.Config, schema string) {
+		c.Handlers = []string{}
+		c.SQLHandlers = []config.SQLHandler{{Name: "orderUsers",
+			SQL: `INSERT INTO ` + schema + `.order_users (event_id, user_id) SELECT event_id, (payload->>'user_id')::bigint FROM events`}}
+		for _, q := range []string{`CREATE SCHEMA ` + schema, `CREATE TABLE ` + schema + `.order_users (event_id uuid, user_id bigint)`} {
+			if _, err := sinktest.Pool(t).Exec(t.Context(), q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	id := "7f8a0000-0000-0000-0000-0000000000b1"
+	code, _, body := s.post(id, order)
+	if code != 200 || body["event_id"] != id || body["status"] != "accepted" {
+		t.Fatalf("POST: %d %v, want 200 accepted", code, body)
+	}
+	a := s.audit(id, func(a map[string]any) bool { return len(processed(a)) == 1 })
+	if got := handlersOf(a); len(got) != 1 || got[0] != "orderUsers" || a["emails_sent"] != nil {
+		t.Errorf("processed by %v, emails_sent %v; want orderUsers alone and no emails_sent", got, a["emails_sent"])
+	}
+	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.order_users WHERE event_id = $1 AND user_id = 1`, id); n != 1 {
+		t.Errorf("order_users has %d rows for the order, want 1", n)
+	}
+	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'emails_sent'`, s.schema); n != 0 {
+		t.Errorf("emails_sent exists without the demo's handlers")
 	}
 }
