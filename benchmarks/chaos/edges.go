@@ -96,7 +96,17 @@ func (c *chaos) runLatency(ctx context.Context, f fault, say func(string, ...any
 	}()
 	say("pg-latency: %v each way on the postgres link; %d records a handler refuses (an item of %d characters, SQLSTATE 54000) published in a row to partition %d",
 		f.Latency, len(ids), burstItem, out.Partition)
-	if err := publish(ctx, c.prod, c.topic, c.w.Burst, c.led, 0); err != nil {
+	// The producer pauses for the burst, so that its records are in a row.
+	burst := make([]*record, len(c.w.Burst))
+	for i := range c.w.Burst {
+		burst[i] = &c.w.Burst[i]
+	}
+	err = c.prod.pause(ctx)
+	if err == nil {
+		err = publishPaused(ctx, c.prod, c.topic, burst, c.led)
+	}
+	c.prod.resume()
+	if err != nil {
 		out.Err = fmt.Errorf("publish the burst: %w", err)
 		say("pg-latency: %v", out.Err)
 		return out
@@ -229,7 +239,7 @@ func (c *chaos) recreate(ctx context.Context, f fault, say func(string, ...any))
 			out.Reused = append(out.Reused, pos{s.Partition, s.Offset, 1})
 		}
 	}
-	say("recreate: topic %s deleted and created again (id %s) with %d partitions (%d before); %d records first on one partition, %d of them poison at offsets where the old topic had a dead letter: %v",
+	say("recreate: topic %s deleted and created again (id %s) with %d partitions (%d before); its first %d records hold %d poison records at offsets where the old topic had a dead letter: %v",
 		c.topic, out.TopicID, out.NewParts, out.OldParts, len(prefix), len(out.Reused), out.Reused)
 	resume()
 
