@@ -62,7 +62,7 @@
 //	data-error    an item of 10000 random characters: inventory_reserved's
 //	              primary-key index refuses it (SQLSTATE 54000)
 //	burst         (the pg-latency fault's, not among -poison) an item of
-//	              3000 random characters, refused the same way: 100 in a
+//	              3000 random characters, refused the same way: 70 in a
 //	              row on one partition
 //
 // Every record carries a chaos_seq header. The producer's ledger holds
@@ -105,12 +105,13 @@
 //	                meets the records that piled up meanwhile; the faults go on
 //	pg-latency      a partition catches up (up to 30s), then 10ms is added to each
 //	                direction of the Postgres link (toxiproxy's latency toxic) and
-//	                100 records a handler refuses with a data error (kind burst)
-//	                are published in a row to that partition; the latency stays
-//	                until all 100 are dead letters, at most 90s; the faults go on.
-//	                A batch holding the burst is isolated under savepoints (two
-//	                groups a bad record, 5-8 round trips each): over 20s at
-//	                20ms a round trip, twice the members' tx_timeout
+//	                70 records a handler refuses with a data error (kind burst)
+//	                are published in a row to that partition (the producer
+//	                paused meanwhile); the latency stays until all 70 are dead
+//	                letters, at most 90s; the faults go on. A batch holding the
+//	                burst is isolated under savepoints (about 15 round trips a
+//	                bad record): over 20s at 20ms a round trip, twice the
+//	                members' tx_timeout
 //	recreate        the producer pauses; once every partition's stored offset is
 //	                its end (up to 60s), the topic is read back, then deleted
 //	                and created again, with as many partitions or two more; its
@@ -122,7 +123,7 @@
 //	                over the added partitions too). No member starts until the
 //	                new topic's end offsets, read a second later, are stored
 //	                under its topic id, or 30s have passed; the other faults
-//	                wait for it
+//	                wait for it (the schedule after it moves by its duration)
 //
 // The cuts are toxiproxy toxics that read the Postgres protocol (BEGIN,
 // COMMIT, and the server's COMMIT reply); the report says how many landed
@@ -161,8 +162,8 @@
 //     records are reported too;
 //   - stuck: partitions whose stored offset is not their end offset (of
 //     the new topic, after a recreate);
-//   - pg-latency: the burst's 100 dead letters within 90s of its
-//     publication, under the latency (latency_isolated=100/100 and the
+//   - pg-latency: the burst's 70 dead letters within 90s of its
+//     publication, under the latency (latency_isolated=70/70 and the
 //     time it took, latency_took=);
 //   - recreate: the old topic consumed to its end before the deletion, and
 //     the new topic's end offsets stored under its topic id by the members
@@ -180,7 +181,7 @@
 // seconds before them. The full form is in <run>/evidence.txt, then one
 // line:
 //
-//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=100/100 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 settled=2.1s duration=3m10s PASS
+//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=70/70 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 settled=2.1s duration=3m10s PASS
 //
 // # Planted regressions
 //
@@ -190,7 +191,7 @@
 // a full queue that dropped records (lost=1136), a re-read that took a key
 // not found as found (lost=608); pg-latency: an isolation bound by one
 // tx_timeout as a whole and started again from scratch after it
-// (latency_isolated=0/100); recreate: a member that does not follow a
+// (latency_isolated=0/…); recreate: a member that does not follow a
 // topic's new id until it restarts (recreate_consumed=no), and dead
 // letters unique without the topic id (dl_reused=0/…, dead_letters one
 // short, "passed over without one").

@@ -84,3 +84,33 @@ func TestJudgeRecreatedTopic(t *testing.T) {
 		t.Fatalf("the new topic not consumed: stuck %v; want partitions 0 and 2", v.Stuck)
 	}
 }
+
+// The new topic's first records put poison exactly at the old dead
+// letters' offsets (the first two of each partition within reuseWithin)
+// and good records everywhere before and between.
+func TestReusePrefix(t *testing.T) {
+	w, err := newWorkload(5, workloadConfig{Events: 50, Partitions: 3, MaxRecordBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &chaos{o: options{seed: 5, maxRecord: 1 << 20}, led: newLedger(w)}
+	var old []landed
+	for i, r := range w.Records {
+		old = append(old, landed{Partition: r.Partition, Offset: int64(i), Seq: r.Seq})
+	}
+	oldDL := []pos{{Partition: 1, Offset: 9}, {Partition: 1, Offset: 3}, {Partition: 1, Offset: 12}, {Partition: 2, Offset: reuseWithin + 1}, {Partition: 0, Offset: 0}}
+	want := map[int32][]int64{0: {0}, 1: {3, 9}} // 1@12 is a third; 2@601 too far
+	got := map[int32][]int64{}
+	n := map[int32]int64{}
+	for _, r := range c.reusePrefix(oldDL, old) {
+		if r.poison() {
+			got[r.Partition] = append(got[r.Partition], n[r.Partition])
+		} else if _, ok := w.Orders[r.ID]; !ok || r.Kind != kindRedelivery {
+			t.Fatalf("record %d of partition %d: %s, not a redelivery of a good event", n[r.Partition], r.Partition, r.Kind)
+		}
+		n[r.Partition]++
+	}
+	if !maps.EqualFunc(got, want, slices.Equal) || n[0] != 1 || n[1] != 10 || n[2] != 0 {
+		t.Fatalf("poison at %v in %v records a partition; want poison at %v in map[0:1 1:10]", got, n, want)
+	}
+}

@@ -275,7 +275,8 @@ func run(ctx context.Context, o options) (int, error) {
 }
 
 // runFaults applies sched in order, each at its time (or as soon as the
-// one before it has finished).
+// one before it has finished); a recreate, which the others wait for,
+// moves the rest of the schedule by its duration.
 func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 	start := time.Now()
 	for i, f := range sched {
@@ -289,7 +290,13 @@ func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 		if ctx.Err() != nil {
 			return
 		}
+		t0 := time.Now()
 		c.apply(ctx, i+1, f)
+		if f.Kind == faultRecreate {
+			// The faults after it keep their spacing, rather than all
+			// coming at once when it ends.
+			start = start.Add(time.Since(t0))
+		}
 	}
 	if d := time.Until(start.Add(c.o.duration)); d > 0 {
 		select {

@@ -45,13 +45,16 @@ var edgeAt = map[faultKind]float64{faultRecreate: 0.2, faultLatency: 0.45}
 // The pg-latency fault: latencyEachWay on both directions of the Postgres
 // link while a burst of latencyBurst consecutive records, each a handler
 // data error, is isolated; every one must be a dead letter within
-// latencyBound of the burst's publication. At 10 ms each way, isolating a
-// batch holding the whole burst takes over 20 s in one transaction (two
-// savepoint groups a bad record, five or six round trips each), twice the
-// members' tx_timeout.
+// latencyBound of the burst's publication. Isolating a bad record costs
+// about 15 round trips (two savepoint groups, each a savepoint, the
+// claim's and the email's COPY, the failing statement, the rollback): at
+// 10 ms each way, a batch holding the burst (70 records of 3 KB: one
+// fetch's worth) takes over 20 s in one transaction, twice the members'
+// tx_timeout; an isolation that keeps its progress needs about as long in
+// all, under a third of the bound.
 const (
 	latencyEachWay = 10 * time.Millisecond
-	latencyBurst   = 100
+	latencyBurst   = 70
 	latencyBound   = 90 * time.Second
 	latencyCatchUp = 30 * time.Second // bound on the wait for the burst's partition to catch up first
 )
