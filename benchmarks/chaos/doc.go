@@ -108,10 +108,11 @@
 //	                70 records a handler refuses with a data error (kind burst)
 //	                are published in a row to that partition (the producer
 //	                paused meanwhile); the latency stays until all 70 are dead
-//	                letters, at most 90s; the faults go on. A batch holding the
-//	                burst is isolated under savepoints (about 15 round trips a
-//	                bad record): over 20s at 20ms a round trip, twice the
-//	                members' tx_timeout
+//	                letters, at most 90s; the other faults wait for it (the
+//	                schedule after it moves by its duration), so that the time
+//	                is the isolation's. A batch holding the burst is isolated
+//	                under savepoints (about 15 round trips a bad record): over
+//	                20s at 20ms a round trip, twice the members' tx_timeout
 //	recreate        the producer pauses; once every partition's stored offset is
 //	                its end (up to 60s), the topic is read back, then deleted
 //	                and created again, with as many partitions or two more; its

@@ -45,28 +45,21 @@ type recreateOutcome struct {
 	Started, Exited    []string // members started, or exited, while the consumption was awaited
 }
 
-// startLatency carries out a pg-latency fault in the background, so that
-// the other faults go on under the latency; latDone is closed when it has
-// ended and the latency is removed.
-func (c *chaos) startLatency(ctx context.Context, f fault, say func(string, ...any)) {
-	done := make(chan struct{})
-	c.latDone = done
-	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
-		defer close(done)
-		c.lat = c.runLatency(ctx, f, say)
-	}()
-}
-
-// runLatency adds f.Latency to both directions of the Postgres link,
-// publishes the burst on one partition, and waits, up to f.Pause, until
-// every record of it is a dead letter. A batch holding the burst is
-// isolated under savepoints, each one round trips through the latency:
-// an isolation that must finish within one tx_timeout, or starts again
-// from scratch after one, never gets through.
+// runLatency carries out a pg-latency fault; the other faults wait for
+// it, so that what it measures is the isolation, not a broker down or a
+// group stopped meanwhile. It lets the burst's partition catch up, adds
+// f.Latency to both directions of the Postgres link, publishes the burst
+// on that partition, and waits, up to f.Pause, until every record of it
+// is a dead letter. A batch holding the burst is isolated under
+// savepoints, each of them round trips through the latency: an isolation
+// that must finish within one tx_timeout, or starts again from scratch
+// after one, never gets through.
 func (c *chaos) runLatency(ctx context.Context, f fault, say func(string, ...any)) *latencyOutcome {
 	out := &latencyOutcome{Partition: int32(f.Target % c.parts), Records: len(c.w.Burst), Bound: f.Pause, Latency: f.Latency, Took: -1}
+	if !waitUp(ctx, c.pgUp) || !waitUp(ctx, c.brokerUp) {
+		out.Err = ctx.Err()
+		return out
+	}
 	ids := make([]string, len(c.w.Burst))
 	for i := range c.w.Burst {
 		c.w.Burst[i].Partition = out.Partition
@@ -159,14 +152,6 @@ func (c *chaos) runLatency(ctx context.Context, f fault, say func(string, ...any
 func (c *chaos) recreate(ctx context.Context, f fault, say func(string, ...any)) {
 	out := &recreateOutcome{OldParts: c.parts, NewParts: c.parts + f.N, Consumed: -1, Bound: f.Pause}
 	c.rec = out
-	if c.latDone != nil {
-		say("recreate: waiting for the pg-latency fault to end")
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.latDone:
-		}
-	}
 	if !waitUp(ctx, c.pgUp) || !waitUp(ctx, c.brokerUp) {
 		return
 	}

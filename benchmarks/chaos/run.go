@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,7 +64,6 @@ type chaos struct {
 	parts        int // the topic's partitions: another number after a recreate
 	inc          int // the topic's incarnation: 1 after a recreate
 	lat          *latencyOutcome
-	latDone      chan struct{} // closed when the pg-latency fault has ended
 	rec          *recreateOutcome
 }
 
@@ -275,7 +275,7 @@ func run(ctx context.Context, o options) (int, error) {
 }
 
 // runFaults applies sched in order, each at its time (or as soon as the
-// one before it has finished); a recreate, which the others wait for,
+// one before it has finished); an edge fault, which the others wait for,
 // moves the rest of the schedule by its duration.
 func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 	start := time.Now()
@@ -292,9 +292,9 @@ func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 		}
 		t0 := time.Now()
 		c.apply(ctx, i+1, f)
-		if f.Kind == faultRecreate {
-			// The faults after it keep their spacing, rather than all
-			// coming at once when it ends.
+		if slices.Contains(edgeFaults, f.Kind) {
+			// The faults after an edge fault keep their spacing, rather
+			// than all coming at once when it ends.
 			start = start.Add(time.Since(t0))
 		}
 	}
@@ -452,7 +452,7 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 		sleepCtx(ctx, time.Until(t0.Add(f.Pause)))
 		release()
 	case faultLatency:
-		c.startLatency(ctx, f, say)
+		c.lat = c.runLatency(ctx, f, say)
 	case faultRecreate:
 		c.recreate(ctx, f, say)
 	}

@@ -38,8 +38,8 @@ var edgeFaults = []faultKind{faultLatency, faultRecreate}
 
 // edgeAt is when an edge fault starts, as a share of the window: the
 // recreate early, so that the producer has most of its records still to
-// send into the new topic; the latency after it (a recreate that comes
-// while a burst is isolated waits for the isolation to end).
+// send into the new topic; the latency after it, on the new topic. The
+// other faults wait for each (see runFaults).
 var edgeAt = map[faultKind]float64{faultRecreate: 0.2, faultLatency: 0.45}
 
 // The pg-latency fault: latencyEachWay on both directions of the Postgres
