@@ -61,6 +61,9 @@
 //	rejected      orders the handlers reject (user_id "one", 0, no items)
 //	data-error    an item of 10000 random characters: inventory_reserved's
 //	              primary-key index refuses it (SQLSTATE 54000)
+//	burst         (the pg-latency fault's, not among -poison) an item of
+//	              3000 random characters, refused the same way: 70 in a
+//	              row on one partition
 //
 // Every record carries a chaos_seq header. The producer's ledger holds
 // every record and the broker's answer; after the run the topic is read
@@ -71,10 +74,15 @@
 // # Faults
 //
 // -faults picks among kill, term, stop, pg-restart, broker-restart,
-// conn-cut, commit-cut, storm and replay; the schedule (in <run>/schedule.txt) is
-// drawn from the seed: the same seed gives the same faults at the same
-// times against the same member slots. Each enabled kind occurs at least
-// once; the rest are drawn by weight, with at least -min-kills kills.
+// conn-cut, commit-cut, storm, replay, pg-latency and recreate; the
+// schedule (in <run>/schedule.txt) is drawn from the seed: the same seed
+// gives the same faults at the same times against the same member slots.
+// Each enabled kind occurs at least once; the rest are drawn by weight,
+// with at least -min-kills kills. The edge faults, pg-latency and
+// recreate, occur once each, at a fixed share of the window (recreate at
+// 20%, pg-latency at 45%), and have their own checks in the verdict;
+// they are drawn apart, so that a seed's other faults are those it had
+// before they came.
 //
 //	kill            SIGKILL a member; it restarts after 0–1.5s
 //	term            SIGTERM a member (it drains and leaves); a replacement starts at once
@@ -95,10 +103,42 @@
 //	                starts again 1–8s after the stop: every partition reads those
 //	                records again, finds them applied and defers its offsets, then
 //	                meets the records that piled up meanwhile; the faults go on
+//	pg-latency      a partition catches up (up to 30s), then 10ms is added to each
+//	                direction of the Postgres link (toxiproxy's latency toxic) and
+//	                70 records a handler refuses with a data error (kind burst)
+//	                are published in a row to that partition (the producer
+//	                paused meanwhile); the latency stays until all 70 are dead
+//	                letters, at most 90s; the other faults wait for it (the
+//	                schedule after it moves by its duration), so that the time
+//	                is the isolation's. A batch holding the burst is isolated
+//	                under savepoints (about 15 round trips a bad record): over
+//	                20s at 20ms a round trip, twice the members' tx_timeout
+//	recreate        the producer pauses; once every partition's stored offset is
+//	                its end (up to 60s), the topic is read back, then deleted
+//	                and created again, with as many partitions or two more; its
+//	                first records put a poison record (bad-json, rejected,
+//	                data-error, no-id in turn) at the offsets of the old
+//	                topic's first two dead letters on each partition (within
+//	                600), redeliveries of old events before and between them;
+//	                the producer goes on into the new topic (records spread
+//	                over the added partitions too). No member starts until the
+//	                new topic's end offsets, read a second later, are stored
+//	                under its topic id, or 30s have passed; the other faults
+//	                wait for it (the schedule after it moves by its duration)
 //
 // The cuts are toxiproxy toxics that read the Postgres protocol (BEGIN,
 // COMMIT, and the server's COMMIT reply); the report says how many landed
 // where.
+//
+// Records the broker deletes with a topic are lost by Kafka, not by
+// onceflow: that is why the recreate fault waits for every record to be
+// consumed first. The verdict then expects every record of both
+// incarnations of the topic, each where it landed (printed 3@17 in the old
+// topic, 3@17(new topic) in the new one): the old topic's records from its
+// read-back before the deletion, the new one's from the read-back at the
+// end. A dead letter belongs to the new topic when its dead_letters id is
+// above the highest id before the deletion; a sink_offsets row counts for
+// the new topic only with the new topic's id.
 //
 // # Verdict
 //
@@ -121,7 +161,17 @@
 //     matched by topic, partition and offset (those passed over without
 //     one, doubled, and not reached are told apart); dead letters of good
 //     records are reported too;
-//   - stuck: partitions whose stored offset is not their end offset.
+//   - stuck: partitions whose stored offset is not their end offset (of
+//     the new topic, after a recreate);
+//   - pg-latency: the burst's 70 dead letters within 90s of its
+//     publication, under the latency (latency_isolated=70/70 and the
+//     time it took, latency_took=);
+//   - recreate: the old topic consumed to its end before the deletion, and
+//     the new topic's end offsets stored under its topic id by the members
+//     that ran at the recreate, within 30s (recreate_consumed=, the time
+//     it took); dl_reused= counts the new topic's poison at an offset
+//     where the old topic had a dead letter that is a dead letter once (it
+//     is in dead_letters= as well).
 //
 // orders.Check is run on the same expectation; if it disagrees with the
 // verdict the run is INVALID. Evidence comes first: the events,
@@ -132,7 +182,20 @@
 // seconds before them. The full form is in <run>/evidence.txt, then one
 // line:
 //
-//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 settled=2.1s duration=3m10s PASS
+//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=70/70 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 settled=2.1s duration=3m10s PASS
+//
+// # Planted regressions
+//
+// Each fault is shown to catch what it is for by a run that goes red with
+// the defect in the binary (-onceflow-bin, or the tree's own code with the
+// defect planted), the seed and the verdict line in the commit message:
+// a full queue that dropped records (lost=1136), a re-read that took a key
+// not found as found (lost=608); pg-latency: an isolation bound by one
+// tx_timeout as a whole and started again from scratch after it
+// (latency_isolated=0/…); recreate: a member that does not follow a
+// topic's new id until it restarts (recreate_consumed=no), and dead
+// letters unique without the topic id (dl_reused=0/…, dead_letters one
+// short, "passed over without one").
 //
 // Exit status: 0 PASS, 1 FAIL (the guarantee did not hold), 2 the run
 // could not be set up, 3 INVALID (the harness or the broker lost data).

@@ -239,3 +239,32 @@ ORDER BY random() LIMIT 1`, prefix+"%").Scan(&pid, &state, &query)
 }
 
 var _ toxics.StatefulToxic = (*cutToxic)(nil)
+
+// addLatency adds d to every chunk in both directions of every
+// connection, present and future (toxiproxy's latency toxic), until the
+// returned function removes it.
+func (p *pgProxy) addLatency(d time.Duration) (func() error, error) {
+	var names []string
+	remove := func() error {
+		var errs []error
+		for _, name := range names {
+			if err := p.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
+				errs = append(errs, fmt.Errorf("remove toxic %s: %w", name, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	for _, dir := range []string{"upstream", "downstream"} {
+		name := fmt.Sprintf("latency-%d", p.seq.Add(1))
+		spec, err := json.Marshal(map[string]any{"name": name, "type": "latency", "stream": dir, "toxicity": 1.0,
+			"attributes": map[string]any{"latency": d.Milliseconds(), "jitter": 0}})
+		if err == nil {
+			_, err = p.proxy.Toxics.AddToxicJson(bytes.NewReader(spec))
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("add toxic %s: %w", name, err), remove())
+		}
+		names = append(names, name)
+	}
+	return remove, nil
+}

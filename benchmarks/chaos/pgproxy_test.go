@@ -172,3 +172,34 @@ func TestCutAll(t *testing.T) {
 	}
 	c.Close(ctx)
 }
+
+// The latency toxic delays both directions of connections already open,
+// and leaves them whole when it is removed.
+func TestProxyLatency(t *testing.T) {
+	p, dsn := proxied(t)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	const each = 40 * time.Millisecond
+	remove, err := p.addLatency(each)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	var one int
+	if err := conn.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took < 2*each {
+		t.Errorf("a round trip under %v each way took %v, less than both ways", each, took)
+	}
+	if err := remove(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT 2`).Scan(&one); err != nil || one != 2 {
+		t.Fatalf("after the latency was removed: %d, %v; want 2 on the same connection", one, err)
+	}
+}

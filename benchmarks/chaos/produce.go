@@ -30,6 +30,7 @@ type sent struct {
 	Acked     bool
 	Partition int32
 	Offset    int64
+	Inc       int // the topic's incarnation the record went to: 0, 1 after a recreate
 	Err       error
 }
 
@@ -46,12 +47,24 @@ type ledger struct {
 
 func newLedger(w *workload) *ledger {
 	l := &ledger{records: make(map[int64]*record, len(w.Records)), answers: map[int64]sent{}}
-	for i := range w.Records {
-		r := &w.Records[i]
-		l.records[r.Seq] = r
-		l.nextSeq = max(l.nextSeq, r.Seq+1)
+	for _, recs := range [][]record{w.Records, w.Burst} {
+		for i := range recs {
+			r := &recs[i]
+			l.records[r.Seq] = r
+			l.nextSeq = max(l.nextSeq, r.Seq+1)
+		}
 	}
 	return l
+}
+
+// add records r, a new publication built during the run, under a new seq.
+func (l *ledger) add(r record) *record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r.Seq = l.nextSeq
+	l.nextSeq++
+	l.records[r.Seq] = &r
+	return &r
 }
 
 func (l *ledger) answer(seq int64, s sent) {
@@ -136,32 +149,87 @@ func newProducerClient(brokers []string) (*kgo.Client, error) {
 	)
 }
 
+// producer is the chaos producer's client with a gate: the recreate
+// fault closes it while the topic is deleted and created again, and
+// gives the producer a new client for the new topic. Safe for concurrent
+// use.
+type producer struct {
+	brokers []string
+	gate    sync.RWMutex // held for writing while the producer is paused
+	cl      *kgo.Client  // guarded by gate
+	inc     int          // guarded by gate: the topic's incarnation
+	// guarded by gate: the new topic's partitions, and the old one's:
+	// records sent after a recreate that added partitions are spread
+	// over them all.
+	parts, origParts int32
+}
+
+func newProducer(brokers []string, partitions int) (*producer, error) {
+	cl, err := newProducerClient(brokers)
+	if err != nil {
+		return nil, err
+	}
+	return &producer{brokers: brokers, cl: cl, parts: int32(partitions), origParts: int32(partitions)}, nil
+}
+
+// pause closes the gate and waits until every record sent has its answer;
+// the caller calls resume, whatever pause returns.
+func (p *producer) pause(ctx context.Context) error {
+	p.gate.Lock()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return p.cl.Flush(ctx)
+}
+
+func (p *producer) resume() { p.gate.Unlock() }
+
+// renew, called between pause and resume, replaces the client with a new
+// one for the topic's next incarnation of partitions partitions.
+func (p *producer) renew(partitions int) error {
+	cl, err := newProducerClient(p.brokers)
+	if err != nil {
+		return err
+	}
+	p.cl.Close()
+	p.cl, p.parts = cl, int32(partitions)
+	p.inc++
+	return nil
+}
+
+func (p *producer) close() {
+	p.gate.Lock()
+	defer p.gate.Unlock()
+	p.cl.Close()
+}
+
 // publish sends recs in order, paced so that the last is sent at about the
 // end of window (0: at once), and resends the content of every record
 // whose produce failed (at most 10 rounds). It returns when every record
-// has an answer, or ctx ends. The ledger holds the answers.
-func publish(ctx context.Context, cl *kgo.Client, topic string, recs []record, l *ledger, window time.Duration) error {
+// has an answer, or ctx ends. The ledger holds the answers. While the
+// producer is paused, publish waits.
+func publish(ctx context.Context, p *producer, topic string, recs []record, l *ledger, window time.Duration) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var failed []*record
 	send := func(r *record) {
-		kr := &kgo.Record{Topic: topic, Partition: r.Partition, Value: r.Value,
-			Headers: []kgo.RecordHeader{{Key: headerSeq, Value: []byte(strconv.FormatInt(r.Seq, 10))}}}
-		if r.IDHeader != nil {
-			kr.Key = r.IDHeader
-			kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: "event_id", Value: r.IDHeader})
+		p.gate.RLock()
+		defer p.gate.RUnlock()
+		part, inc := r.Partition, p.inc
+		if p.parts > p.origParts && r.Seq%int64(p.parts) >= int64(p.origParts) {
+			part = int32(r.Seq % int64(p.parts))
 		}
+		kr := toKgo(topic, part, r)
 		wg.Add(1)
-		cl.Produce(ctx, kr, func(kr *kgo.Record, err error) {
+		p.cl.Produce(ctx, kr, func(kr *kgo.Record, err error) {
 			defer wg.Done()
 			if err != nil {
-				l.answer(r.Seq, sent{Err: err})
+				l.answer(r.Seq, sent{Err: err, Inc: inc})
 				mu.Lock()
 				failed = append(failed, r)
 				mu.Unlock()
 				return
 			}
-			l.answer(r.Seq, sent{Acked: true, Partition: kr.Partition, Offset: kr.Offset})
+			l.answer(r.Seq, sent{Acked: true, Partition: kr.Partition, Offset: kr.Offset, Inc: inc})
 		})
 	}
 	start := time.Now()
@@ -195,16 +263,53 @@ func publish(ctx context.Context, cl *kgo.Client, topic string, recs []record, l
 	}
 }
 
+// publishPaused sends recs, with the producer paused by the caller, and
+// waits for their answers. The producer is idempotent, so the records of
+// one partition land in order: on a new partition at offsets 0, 1, 2…. No
+// resends: the verdict judges the records where they landed.
+func publishPaused(ctx context.Context, p *producer, topic string, recs []*record, l *ledger) error {
+	krs := make([]*kgo.Record, len(recs))
+	seqOf := make(map[*kgo.Record]int64, len(recs)) // the results come in the order of their answers
+	for i, r := range recs {
+		krs[i] = toKgo(topic, r.Partition, r)
+		seqOf[krs[i]] = r.Seq
+	}
+	var errs []error
+	for _, res := range p.cl.ProduceSync(ctx, krs...) {
+		seq := seqOf[res.Record]
+		if res.Err != nil {
+			l.answer(seq, sent{Err: res.Err, Inc: p.inc})
+			errs = append(errs, fmt.Errorf("seq %d: %w", seq, res.Err))
+			continue
+		}
+		l.answer(seq, sent{Acked: true, Partition: res.Record.Partition, Offset: res.Record.Offset, Inc: p.inc})
+	}
+	return errors.Join(errs...)
+}
+
+// toKgo is the Kafka record of r: its value, its seq and event_id headers.
+func toKgo(topic string, partition int32, r *record) *kgo.Record {
+	kr := &kgo.Record{Topic: topic, Partition: partition, Value: r.Value,
+		Headers: []kgo.RecordHeader{{Key: headerSeq, Value: []byte(strconv.FormatInt(r.Seq, 10))}}}
+	if r.IDHeader != nil {
+		kr.Key = r.IDHeader
+		kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: "event_id", Value: r.IDHeader})
+	}
+	return kr
+}
+
 // landed is one record found in the topic.
 type landed struct {
 	Partition int32
 	Offset    int64
+	Inc       int   // the topic's incarnation: 0, 1 after a recreate
 	Seq       int64 // 0: the record has no chaos_seq header
 }
 
 // readTopic reads every record of topic's partitions up to their end
-// offsets, and returns them with the end offsets.
-func readTopic(ctx context.Context, brokers []string, topic string, partitions int) ([]landed, map[int32]int64, error) {
+// offsets, and returns them, marked with the topic's incarnation inc, with
+// the end offsets.
+func readTopic(ctx context.Context, brokers []string, topic string, partitions, inc int) ([]landed, map[int32]int64, error) {
 	ends, err := endOffsets(ctx, brokers, topic)
 	if err != nil {
 		return nil, nil, err
@@ -239,7 +344,7 @@ func readTopic(ctx context.Context, brokers []string, topic string, partitions i
 			return nil, nil, fmt.Errorf("read back %s: %w", topic, ferr)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			l := landed{Partition: r.Partition, Offset: r.Offset}
+			l := landed{Partition: r.Partition, Offset: r.Offset, Inc: inc}
 			for _, h := range r.Headers {
 				if h.Key == headerSeq {
 					l.Seq, _ = strconv.ParseInt(string(h.Value), 10, 64)

@@ -124,6 +124,20 @@ func (r *report) summary(word string) string {
 	if n := len(v.Ahead); n > 0 {
 		fmt.Fprintf(&b, " ahead=%d", n)
 	}
+	if l := r.c.lat; l != nil {
+		took := "no"
+		if l.Took >= 0 {
+			took = l.Took.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, " latency_isolated=%d/%d latency_took=%s", l.Isolated, l.Records, took)
+	}
+	if rc := r.c.rec; rc != nil {
+		consumed := "no"
+		if rc.Consumed >= 0 {
+			consumed = rc.Consumed.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, " recreate_partitions=%d->%d recreate_consumed=%s dl_reused=%d/%d", rc.OldParts, rc.NewParts, consumed, reusedOK(rc, r.obs), len(rc.Reused))
+	}
 	fmt.Fprintf(&b, " settled=%s duration=%s %s", settled, r.elapsed.Round(time.Second), word)
 	return b.String()
 }
@@ -150,6 +164,13 @@ func (r *report) evidence(w io.Writer, lines, items int) {
 		writeLines(w, withTimeline(got, r.c.tl), lines)
 	}
 	r.faultDetail(w)
+
+	for _, s := range v.Edge {
+		fmt.Fprintf(w, "EDGE: %s\n", s)
+	}
+	if l := r.c.lat; l != nil && l.Took < 0 && l.Err == nil {
+		show(fmt.Sprintf("partition %d under latency (the burst)", l.Partition), aboutOffsets(l.Partition, max(0, l.Lo-int64(r.c.o.batch)), l.Hi))
+	}
 
 	if len(v.Lost) > 0 {
 		fmt.Fprintf(w, "LOST: %d events have an effect missing, though the stored offset of their partition passed a copy of them (or they have only some of their effects):\n", len(v.Lost))
@@ -284,7 +305,7 @@ func (r *report) stuck(w io.Writer, show func(string, lineMatch), lines int) {
 	fmt.Fprintf(w, "STUCK: %d partitions did not reach their end within %v after the faults stopped:\n", len(v.Stuck), r.c.o.settle)
 	byOwner := map[string][]int32{}
 	for _, s := range v.Stuck {
-		head := pos{s.Partition, max(0, s.Stored)}
+		head := pos{s.Partition, max(0, s.Stored), r.exp.Inc}
 		fmt.Fprintf(w, "  partition %d: stored offset %s, end %d, Kafka committed %s; next record %v: %s",
 			s.Partition, r.stored(s.Partition), s.End, r.kafka(s.Partition), head, describe(e.At[head]))
 		if p, ok := r.nextPoison(head); ok {
@@ -340,7 +361,7 @@ func (r *report) kafka(p int32) string {
 func (r *report) nextPoison(at pos) (pos, bool) {
 	best, found := pos{}, false
 	for p := range r.exp.Poison {
-		if p.Partition == at.Partition && p.Offset >= at.Offset && (!found || p.Offset < best.Offset) {
+		if p.Partition == at.Partition && p.Inc == at.Inc && p.Offset >= at.Offset && (!found || p.Offset < best.Offset) {
 			best, found = p, true
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,24 @@ type chaos struct {
 	// brokerUp and pgUp are closed when the last one has finished.
 	brokerUp, pgUp chan struct{}
 	bg             sync.WaitGroup
+
+	// What the edge faults need and saw.
+	w            *workload
+	led          *ledger
+	prod         *producer
+	topic, group string
+	parts        int // the topic's partitions: another number after a recreate
+	inc          int // the topic's incarnation: 1 after a recreate
+	lat          *latencyOutcome
+	rec          *recreateOutcome
+}
+
+// incarnation is what tells the recreated topic's rows apart.
+func (c *chaos) incarnation() incarnation {
+	if c.rec == nil || c.rec.TopicID == "" {
+		return incarnation{}
+	}
+	return incarnation{DLMark: c.rec.DLMark, TopicID: c.rec.TopicID}
 }
 
 // run is one chaos run: services and binary, members, publishing under
@@ -86,7 +105,7 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	defer tl.close()
 	fmt.Printf("chaos: seed=%d (replay with -seed %d)  run directory %s\n", o.seed, o.seed, dir)
-	c := &chaos{o: o, dir: dir, tl: tl, svc: &services{root: root, kafkaPort: o.kafkaPort, ctrlPort: o.ctrlPort,
+	c := &chaos{o: o, dir: dir, tl: tl, parts: o.partitions, svc: &services{root: root, kafkaPort: o.kafkaPort, ctrlPort: o.ctrlPort,
 		kafkaDir: o.kafkaDir, pgPort: o.pgPort, workDir: dir}, brokerUp: make(chan struct{}), pgUp: make(chan struct{})}
 	close(c.brokerUp)
 	close(c.pgUp)
@@ -140,6 +159,7 @@ func run(ctx context.Context, o options) (int, error) {
 		return exitSetup, err
 	}
 	led := newLedger(w)
+	c.w, c.led, c.topic, c.group = w, led, topic, group
 	sched := newSchedule(o.seed, scheduleConfig{Kinds: o.faults, Window: o.duration, Gap: o.gap,
 		MinKills: o.minKills, SessionTimeout: o.session})
 	if err := writeSchedule(filepath.Join(dir, "schedule.txt"), o.seed, sched); err != nil {
@@ -158,11 +178,12 @@ func run(ctx context.Context, o options) (int, error) {
 	// The backlog (-backlog) goes out before any member runs: they start
 	// behind, with more waiting than their queues hold, so partitions are
 	// paused at their high water and resumed while the faults begin.
-	prod, err := newProducerClient(c.svc.brokers())
+	prod, err := newProducer(c.svc.brokers(), o.partitions)
 	if err != nil {
 		return exitSetup, err
 	}
-	defer prod.Close()
+	c.prod = prod
+	defer prod.close()
 	upfront := int(float64(len(w.Records)) * o.backlog)
 	if upfront > 0 {
 		if err := publish(ctx, prod, topic, w.Records[:upfront], led, 0); err != nil {
@@ -218,11 +239,14 @@ func run(ctx context.Context, o options) (int, error) {
 		tl.add("producer: %v", pubErr)
 	}
 
-	found, ends, err := readTopic(ctx, c.svc.brokers(), topic, o.partitions)
+	found, ends, err := readTopic(ctx, c.svc.brokers(), topic, c.parts, c.inc)
 	if err != nil {
 		return exitSetup, err
 	}
-	exp := expect(w, led, found, ends)
+	if c.rec != nil {
+		found = append(found, c.rec.Old...)
+	}
+	exp := expect(w, led, found, ends, c.inc)
 
 	settled := c.waitForEnd(ctx, group, topic, ends)
 	committed, cerr := committedOffsets(ctx, c.svc.brokers(), group, topic)
@@ -235,11 +259,12 @@ func run(ctx context.Context, o options) (int, error) {
 		tl.add("members killed after 30s without exiting on SIGTERM: %s", strings.Join(killed, ", "))
 	}
 
-	obs, err := observe(ctx, c.admin, schema, group, topic)
+	obs, err := observe(ctx, c.admin, schema, group, topic, c.incarnation())
 	if err != nil {
 		return exitSetup, err
 	}
 	v := judge(exp, obs, orders.Names)
+	v.Edge = c.edgeFailures()
 	check, err := orders.Check(ctx, c.admin, schema, exp.Orders)
 	if err != nil {
 		return exitSetup, err
@@ -250,7 +275,8 @@ func run(ctx context.Context, o options) (int, error) {
 }
 
 // runFaults applies sched in order, each at its time (or as soon as the
-// one before it has finished).
+// one before it has finished); an edge fault, which the others wait for,
+// moves the rest of the schedule by its duration.
 func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 	start := time.Now()
 	for i, f := range sched {
@@ -264,7 +290,13 @@ func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 		if ctx.Err() != nil {
 			return
 		}
+		t0 := time.Now()
 		c.apply(ctx, i+1, f)
+		if slices.Contains(edgeFaults, f.Kind) {
+			// The faults after an edge fault keep their spacing, rather
+			// than all coming at once when it ends.
+			start = start.Add(time.Since(t0))
+		}
 	}
 	if d := time.Until(start.Add(c.o.duration)); d > 0 {
 		select {
@@ -419,6 +451,10 @@ func (c *chaos) apply(ctx context.Context, n int, f fault) {
 		}
 		sleepCtx(ctx, time.Until(t0.Add(f.Pause)))
 		release()
+	case faultLatency:
+		c.lat = c.runLatency(ctx, f, say)
+	case faultRecreate:
+		c.recreate(ctx, f, say)
 	}
 }
 
@@ -520,10 +556,10 @@ func (c *chaos) waitForEnd(ctx context.Context, group, topic string, ends map[in
 		for _, p := range c.members.running() {
 			_ = syscall.Kill(p.pid, syscall.SIGCONT)
 		}
-		stored, err := storedOffsets(ctx, c.admin, schema, group, topic)
+		stored, err := storedOffsets(ctx, c.admin, schema, group, topic, c.incarnation().TopicID)
 		behind := []string{}
 		if err == nil {
-			for p := range int32(c.o.partitions) {
+			for p := range int32(c.parts) {
 				if s, ok := stored[p]; ends[p] > 0 && (!ok || s < ends[p]) {
 					behind = append(behind, fmt.Sprintf("%d at %d/%d", p, s, ends[p]))
 				}

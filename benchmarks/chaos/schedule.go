@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -21,11 +22,51 @@ const (
 	faultCommitCut     faultKind = "commit-cut"     // cut Postgres connections during COMMIT
 	faultStorm         faultKind = "storm"          // members join and leave in quick succession
 	faultReplay        faultKind = "replay"         // stop the group, onceflow replay --to-time, start it again
+	faultLatency       faultKind = "pg-latency"     // latency on the Postgres link while a burst of bad records is isolated
+	faultRecreate      faultKind = "recreate"       // the topic deleted and created again under the running members
 )
 
 // allFaults lists every kind, in the order summaries name them.
 var allFaults = []faultKind{faultKill, faultTerm, faultStop, faultPGRestart, faultBrokerRestart,
-	faultConnCut, faultCommitCut, faultStorm, faultReplay}
+	faultConnCut, faultCommitCut, faultStorm, faultReplay, faultLatency, faultRecreate}
+
+// edgeFaults are the kinds that happen once a run, at a fixed share of
+// the window (edgeAt), with their own checks in the verdict: never drawn
+// by weight, and drawn from their own stream, so that adding them left
+// every other fault of a seed where it was.
+var edgeFaults = []faultKind{faultLatency, faultRecreate}
+
+// edgeAt is when an edge fault starts, as a share of the window: the
+// recreate early, so that the producer has most of its records still to
+// send into the new topic; the latency after it, on the new topic. The
+// other faults wait for each (see runFaults).
+var edgeAt = map[faultKind]float64{faultRecreate: 0.2, faultLatency: 0.45}
+
+// The pg-latency fault: latencyEachWay on both directions of the Postgres
+// link while a burst of latencyBurst consecutive records, each a handler
+// data error, is isolated; every one must be a dead letter within
+// latencyBound of the burst's publication. Isolating a bad record costs
+// about 15 round trips (two savepoint groups, each a savepoint, the
+// claim's and the email's COPY, the failing statement, the rollback): at
+// 10 ms each way, a batch holding the burst (70 records of 3 KB: one
+// fetch's worth) takes over 20 s in one transaction, twice the members'
+// tx_timeout; an isolation that keeps its progress needs about as long in
+// all, under a third of the bound.
+const (
+	latencyEachWay = 10 * time.Millisecond
+	latencyBurst   = 70
+	latencyBound   = 90 * time.Second
+	latencyCatchUp = 30 * time.Second // bound on the wait for the burst's partition to catch up first
+)
+
+// The recreate fault: the new topic's records must be consumed by the
+// members running at the recreate (none starts meanwhile) within
+// recreateBound; the old topic must reach its end, with the producer
+// paused, within recreateDrain.
+const (
+	recreateBound = 30 * time.Second
+	recreateDrain = 60 * time.Second
+)
 
 // weight is how often a kind is drawn, relative to the others.
 var weight = map[faultKind]int{
@@ -54,10 +95,11 @@ type fault struct {
 	At      time.Duration // since the faults began
 	Kind    faultKind
 	Target  int           // which running member: an index modulo their number, in start order
-	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay; replay: how long the group is stopped
-	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join; replay (time): seconds back
+	Pause   time.Duration // kill: until the restart; stop: how long stopped; pg-restart, broker-restart: down time; storm: how long the joiners stay; replay: how long the group is stopped; pg-latency: bound on the burst's isolation; recreate: bound on the new topic's consumption
+	N       int           // conn-cut, commit-cut: connections to cut at most; storm: members that join; replay (time): seconds back; pg-latency: records in the burst; recreate: partitions added to the new topic (0: as many as before)
 	Variant string        // conn-cut: midtx, all or terminate; commit-cut: before or after; replay: time or start
 	Skip    int           // midtx: client writes of the transaction let through before the cut
+	Latency time.Duration // pg-latency: added to each direction of the Postgres link
 }
 
 func (f fault) String() string {
@@ -94,6 +136,10 @@ func (f fault) String() string {
 			fmt.Fprintf(&b, " stop the group, rewind it %ds", f.N)
 		}
 		fmt.Fprintf(&b, ", start it again %v after the stop", f.Pause)
+	case faultLatency:
+		fmt.Fprintf(&b, " %v each way on the postgres link; %d records refused by a handler (a data error) in a row on partition#%d, dead letters within %v", f.Latency, f.N, f.Target, f.Pause)
+	case faultRecreate:
+		fmt.Fprintf(&b, " pause the producer until every record is consumed, delete the topic, create it with %+d partitions, poison at offsets of old dead letters; consumed within %v", f.N, f.Pause)
 	}
 	return b.String()
 }
@@ -110,6 +156,31 @@ type scheduleConfig struct {
 // newSchedule draws the fault schedule of seed. The same seed and config
 // give the same schedule.
 func newSchedule(seed uint64, c scheduleConfig) []fault {
+	out := newRegular(seed, c)
+	rng := rand.New(rand.NewPCG(seed, 0x65646765)) // "edge": the edge faults' own stream
+	for _, k := range edgeFaults {
+		if !slices.Contains(c.Kinds, k) {
+			continue
+		}
+		f := fault{At: time.Duration(float64(c.Window) * edgeAt[k]).Round(time.Millisecond), Kind: k, Target: rng.IntN(1 << 10)}
+		switch k {
+		case faultLatency:
+			f.Latency, f.N, f.Pause = latencyEachWay, latencyBurst, latencyBound
+		case faultRecreate:
+			f.N, f.Pause = 2*rng.IntN(2), recreateBound
+		}
+		out = append(out, f)
+	}
+	slices.SortStableFunc(out, func(a, b fault) int { return cmp.Compare(a.At, b.At) })
+	return out
+}
+
+// newRegular draws the faults of every kind but the edge faults.
+func newRegular(seed uint64, c scheduleConfig) []fault {
+	c.Kinds = slices.DeleteFunc(slices.Clone(c.Kinds), func(k faultKind) bool { return slices.Contains(edgeFaults, k) })
+	if len(c.Kinds) == 0 {
+		return nil
+	}
 	rng := rand.New(rand.NewPCG(seed, 0x6368616f73)) // "chaos": independent of the workload's stream
 	var times []time.Duration
 	for at := c.Gap / 2; at < c.Window; at += c.Gap/2 + time.Duration(rng.Int64N(int64(c.Gap))) {

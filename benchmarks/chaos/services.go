@@ -12,9 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -112,15 +114,14 @@ func createTopics(ctx context.Context, brokers []string, topic, dlq string, part
 				return fmt.Errorf("delete earlier runs' topics: %w", err)
 			}
 		}
-		flush := "1"
-		srcMax := strconv.Itoa(topicMaxBytes)
-		res, err := adm.CreateTopic(ctx, int32(partitions), 1, map[string]*string{"flush.messages": &flush, "max.message.bytes": &srcMax}, topic)
+		res, err := adm.CreateTopic(ctx, int32(partitions), 1, sourceConfigs(), topic)
 		if err == nil {
 			err = res.Err
 		}
 		if err != nil {
 			return fmt.Errorf("create topic %s: %w", topic, err)
 		}
+		flush := "1"
 		res, err = adm.CreateTopic(ctx, 1, 1, map[string]*string{"flush.messages": &flush}, dlq)
 		if err == nil {
 			err = res.Err
@@ -130,6 +131,45 @@ func createTopics(ctx context.Context, brokers []string, topic, dlq string, part
 		}
 		return nil
 	})
+}
+
+// sourceConfigs are the source topic's settings: every message fsynced,
+// records up to topicMaxBytes.
+func sourceConfigs() map[string]*string {
+	flush, srcMax := "1", strconv.Itoa(topicMaxBytes)
+	return map[string]*string{"flush.messages": &flush, "max.message.bytes": &srcMax}
+}
+
+// recreateTopic deletes topic and creates it again, with partitions
+// partitions and the source topic's settings, and returns the new topic's
+// Kafka topic id. The broker finishes a deletion asynchronously: the
+// creation is tried again while it says the topic still exists.
+func recreateTopic(ctx context.Context, brokers []string, topic string, partitions int) (uuid.UUID, error) {
+	var id uuid.UUID
+	err := withAdmin(ctx, brokers, time.Minute, func(ctx context.Context, adm *kadm.Client) error {
+		del, err := adm.DeleteTopic(ctx, topic)
+		if err == nil {
+			err = del.Err
+		}
+		if err != nil {
+			return fmt.Errorf("delete topic %s: %w", topic, err)
+		}
+		for {
+			res, err := adm.CreateTopic(ctx, int32(partitions), 1, sourceConfigs(), topic)
+			if err == nil {
+				err = res.Err
+			}
+			if err == nil {
+				id = uuid.UUID(res.ID)
+				return nil
+			}
+			if !errors.Is(err, kerr.TopicAlreadyExists) || ctx.Err() != nil {
+				return fmt.Errorf("create topic %s again: %w", topic, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	return id, err
 }
 
 // withAdmin calls fn with an admin client of brokers, bounded by d.

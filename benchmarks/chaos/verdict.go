@@ -16,13 +16,20 @@ import (
 	"github.com/onceflow/onceflow/orders"
 )
 
-// pos is where a record is in the source topic.
+// pos is where a record is in the source topic: in its first incarnation,
+// or (Inc 1) in the topic created again by the recreate fault.
 type pos struct {
 	Partition int32
 	Offset    int64
+	Inc       int
 }
 
-func (p pos) String() string { return fmt.Sprintf("%d@%d", p.Partition, p.Offset) }
+func (p pos) String() string {
+	if p.Inc > 0 {
+		return fmt.Sprintf("%d@%d(new topic)", p.Partition, p.Offset)
+	}
+	return fmt.Sprintf("%d@%d", p.Partition, p.Offset)
+}
 
 // expectation is what onceflow was given, from the topic's real content
 // matched to the producer's ledger: the good events and where each copy
@@ -32,7 +39,12 @@ type expectation struct {
 	Copies map[uuid.UUID][]pos        // where each good event's copies are
 	Poison map[pos]*record            // every poison record in the topic
 	At     map[pos]*record            // every record in the topic
-	Ends   map[int32]int64            // end offset per partition
+	Ends   map[int32]int64            // end offset per partition (of the topic's last incarnation)
+	// Inc is the topic's last incarnation: 1 after a recreate. Records of
+	// an earlier one were all consumed before it was deleted (the
+	// recreate fault waits for that), so their partitions' stored
+	// offsets passed them.
+	Inc int
 
 	// What the broker did with the producer's records; none of it is
 	// onceflow's doing.
@@ -44,13 +56,13 @@ type expectation struct {
 }
 
 // expect matches the records found in the topic to the ledger.
-func expect(w *workload, l *ledger, found []landed, ends map[int32]int64) *expectation {
+func expect(w *workload, l *ledger, found []landed, ends map[int32]int64, inc int) *expectation {
 	e := &expectation{Orders: map[uuid.UUID]orders.Order{}, Copies: map[uuid.UUID][]pos{},
-		Poison: map[pos]*record{}, At: map[pos]*record{}, Ends: ends}
+		Poison: map[pos]*record{}, At: map[pos]*record{}, Ends: ends, Inc: inc}
 	e.Published, e.Acked, _ = l.counts()
 	inTopic := map[int64]pos{}
 	for _, f := range found {
-		at := pos{f.Partition, f.Offset}
+		at := pos{f.Partition, f.Offset, f.Inc}
 		r, ok := l.record(f.Seq)
 		if !ok {
 			e.Unknown = append(e.Unknown, at)
@@ -75,7 +87,7 @@ func expect(w *workload, l *ledger, found []landed, ends map[int32]int64) *expec
 		switch at, ok := inTopic[r.Seq]; {
 		case !ok:
 			e.BrokerLost = append(e.BrokerLost, r.Seq)
-		case at != pos{s.Partition, s.Offset}:
+		case at != pos{s.Partition, s.Offset, s.Inc}:
 			e.Moved = append(e.Moved, r.Seq)
 		}
 	})
@@ -90,7 +102,7 @@ type observed struct {
 	Inventory   map[string]int64
 	Weights     map[userItem]int64
 	DeadLetters map[pos]deadLetter // of the run's group and topic
-	Stored      map[int32]int64    // sink_offsets.next_offset
+	Stored      map[int32]int64    // sink_offsets.next_offset (of the topic's last incarnation)
 }
 
 type userItem struct {
@@ -104,8 +116,18 @@ type deadLetter struct {
 	EventID uuid.NullUUID
 }
 
+// incarnation tells the rows of a recreated topic's incarnations apart:
+// dead letters whose id is above DLMark are of the new topic, the others
+// of the old one (every old one was in before the old topic was deleted);
+// sink_offsets rows count only with the new topic's id. The zero value:
+// the topic was never recreated.
+type incarnation struct {
+	DLMark  int64
+	TopicID string // the new topic's Kafka topic id, as Postgres prints a uuid
+}
+
 // observe reads the tables of schema for group and topic.
-func observe(ctx context.Context, pool *pgxpool.Pool, schema, group, topic string) (*observed, error) {
+func observe(ctx context.Context, pool *pgxpool.Pool, schema, group, topic string, inc incarnation) (*observed, error) {
 	t := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	o := &observed{Processed: map[uuid.UUID]map[string]int64{}, Emails: map[uuid.UUID]int64{},
 		Counters: map[string]int64{}, Inventory: map[string]int64{}, Weights: map[userItem]int64{},
@@ -151,26 +173,30 @@ func observe(ctx context.Context, pool *pgxpool.Pool, schema, group, topic strin
 	}
 	var part int32
 	var off int64
+	var gen int
 	var reason string
 	var eid uuid.NullUUID
-	if err := read("dead_letters", `SELECT partition, "offset", count(*), min(reason), (array_agg(event_id))[1]
-FROM `+t("dead_letters")+` WHERE consumer_group = $1 AND topic = $2 GROUP BY 1, 2`,
-		[]any{&part, &off, &n, &reason, &eid}, func() {
-			o.DeadLetters[pos{part, off}] = deadLetter{Count: int(n), Reason: reason, EventID: eid}
-		}, group, topic); err != nil {
+	if err := read("dead_letters", `SELECT partition, "offset", CASE WHEN $3 > 0 AND id > $3 THEN 1 ELSE 0 END, count(*), min(reason), (array_agg(event_id))[1]
+FROM `+t("dead_letters")+` WHERE consumer_group = $1 AND topic = $2 GROUP BY 1, 2, 3`,
+		[]any{&part, &off, &gen, &n, &reason, &eid}, func() {
+			o.DeadLetters[pos{part, off, gen}] = deadLetter{Count: int(n), Reason: reason, EventID: eid}
+		}, group, topic, inc.DLMark); err != nil {
 		return nil, err
 	}
-	if err := read("sink_offsets", `SELECT partition, next_offset FROM `+t("sink_offsets")+` WHERE consumer_group = $1 AND topic = $2`,
-		[]any{&part, &off}, func() { o.Stored[part] = off }, group, topic); err != nil {
+	stored, err := storedOffsets(ctx, pool, schema, group, topic, inc.TopicID)
+	if err != nil {
 		return nil, err
 	}
+	o.Stored = stored
 	return o, nil
 }
 
-// storedOffsets reads sink_offsets alone, for the wait for the end.
-func storedOffsets(ctx context.Context, pool *pgxpool.Pool, schema, group, topic string) (map[int32]int64, error) {
+// storedOffsets reads sink_offsets alone; with a topic id, only the rows
+// written for that topic id count (a recreated topic's new incarnation).
+// A row taken but never written (NULL next_offset) is absent.
+func storedOffsets(ctx context.Context, pool *pgxpool.Pool, schema, group, topic, topicID string) (map[int32]int64, error) {
 	rows, err := pool.Query(ctx, `SELECT partition, next_offset FROM `+pgx.Identifier{schema, "sink_offsets"}.Sanitize()+
-		` WHERE consumer_group = $1 AND topic = $2`, group, topic)
+		` WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL AND ($3 = '' OR topic_id::text = $3)`, group, topic, topicID)
 	if err != nil {
 		return nil, fmt.Errorf("read sink_offsets: %w", err)
 	}
@@ -212,11 +238,12 @@ type verdict struct {
 	DLUnexpected []pos // dead letters of records that are not poison
 	Stuck        []partitionProblem
 	Ahead        []partitionProblem // stored offset beyond the end: impossible unless the sink lies
+	Edge         []string           // the edge faults' own checks that failed (see edges.go)
 }
 
 func (v *verdict) pass() bool {
 	return len(v.Lost)+len(v.Unreached)+len(v.Doubled)+len(v.Extra)+len(v.Counters)+len(v.DLMissing)+
-		len(v.DLUnreached)+len(v.DLDoubled)+len(v.DLUnexpected)+len(v.Stuck)+len(v.Ahead) == 0
+		len(v.DLUnreached)+len(v.DLDoubled)+len(v.DLUnexpected)+len(v.Stuck)+len(v.Ahead)+len(v.Edge) == 0
 }
 
 // judge compares o with e for the given handlers (the members run them
@@ -226,6 +253,9 @@ func judge(e *expectation, o *observed, handlers []string) *verdict {
 	v := &verdict{Events: len(e.Orders)}
 	has := func(h string) bool { return slices.Contains(handlers, h) }
 	passed := func(at pos) bool {
+		if at.Inc < e.Inc {
+			return true // the old topic was consumed to its end before it was deleted
+		}
 		s, ok := o.Stored[at.Partition]
 		return ok && at.Offset < s
 	}
@@ -334,6 +364,9 @@ func judge(e *expectation, o *observed, handlers []string) *verdict {
 	for _, p := range slices.Sorted(maps.Keys(e.Ends)) {
 		end := e.Ends[p]
 		stored, ok := o.Stored[p]
+		if !ok && end == 0 {
+			continue // an empty partition no member wrote an offset for
+		}
 		if !ok {
 			stored = -1
 		}

@@ -23,10 +23,10 @@ func smallExpectation() *expectation {
 	poison := &record{Seq: 2, Kind: "rejected", ID: poisID}
 	return &expectation{
 		Orders: map[uuid.UUID]orders.Order{evA: {UserID: 1, Items: []string{"X"}}, evB: {UserID: 2, Items: []string{"Y", "Z"}}},
-		Copies: map[uuid.UUID][]pos{evA: {{0, 0}}, evB: {{1, 0}, {0, 2}}},
-		Poison: map[pos]*record{{0, 1}: poison},
-		At: map[pos]*record{{0, 0}: {Seq: 1, Kind: kindOrder, ID: evA}, {0, 1}: poison,
-			{0, 2}: {Seq: 4, Kind: kindRedelivery, ID: evB}, {1, 0}: {Seq: 3, Kind: kindOrder, ID: evB}},
+		Copies: map[uuid.UUID][]pos{evA: {{Partition: 0, Offset: 0}}, evB: {{Partition: 1, Offset: 0}, {Partition: 0, Offset: 2}}},
+		Poison: map[pos]*record{{Partition: 0, Offset: 1}: poison},
+		At: map[pos]*record{{Partition: 0, Offset: 0}: {Seq: 1, Kind: kindOrder, ID: evA}, {Partition: 0, Offset: 1}: poison,
+			{Partition: 0, Offset: 2}: {Seq: 4, Kind: kindRedelivery, ID: evB}, {Partition: 1, Offset: 0}: {Seq: 3, Kind: kindOrder, ID: evB}},
 		Ends: map[int32]int64{0: 3, 1: 1},
 	}
 }
@@ -47,7 +47,7 @@ func perfectObservation() *observed {
 		Counters:    map[string]int64{"orders": 2, "items": 3},
 		Inventory:   map[string]int64{"X": 1, "Y": 1, "Z": 1},
 		Weights:     map[userItem]int64{{1, "X"}: 1, {2, "Y"}: 1, {2, "Z"}: 1},
-		DeadLetters: map[pos]deadLetter{{0, 1}: {Count: 1, Reason: "rejected"}},
+		DeadLetters: map[pos]deadLetter{{Partition: 0, Offset: 1}: {Count: 1, Reason: "rejected"}},
 		Stored:      map[int32]int64{0: 3, 1: 1},
 	}
 }
@@ -90,16 +90,16 @@ func TestJudge(t *testing.T) {
 		{"an item reserved twice", func(o *observed) { o.Inventory["Y"] = 2 }, wantCount(func(v *verdict) int { return len(v.Counters) }, 1)},
 		{"an unknown item reserved", func(o *observed) { o.Inventory["Q"] = 1 }, wantCount(func(v *verdict) int { return len(v.Counters) }, 1)},
 		{"a weight missing", func(o *observed) { delete(o.Weights, userItem{2, "Z"}) }, wantCount(func(v *verdict) int { return len(v.Counters) }, 1)},
-		{"a dead letter passed over", func(o *observed) { delete(o.DeadLetters, pos{0, 1}) },
-			wantPos(func(v *verdict) []pos { return v.DLMissing }, pos{0, 1})},
+		{"a dead letter passed over", func(o *observed) { delete(o.DeadLetters, pos{Partition: 0, Offset: 1}) },
+			wantPos(func(v *verdict) []pos { return v.DLMissing }, pos{Partition: 0, Offset: 1})},
 		{"a dead letter not reached", func(o *observed) {
-			delete(o.DeadLetters, pos{0, 1})
+			delete(o.DeadLetters, pos{Partition: 0, Offset: 1})
 			o.Stored[0] = 1
-		}, wantPos(func(v *verdict) []pos { return v.DLUnreached }, pos{0, 1})},
-		{"a dead letter twice", func(o *observed) { o.DeadLetters[pos{0, 1}] = deadLetter{Count: 2} },
-			wantPos(func(v *verdict) []pos { return v.DLDoubled }, pos{0, 1})},
-		{"a good record dead-lettered", func(o *observed) { o.DeadLetters[pos{0, 2}] = deadLetter{Count: 1} },
-			wantPos(func(v *verdict) []pos { return v.DLUnexpected }, pos{0, 2})},
+		}, wantPos(func(v *verdict) []pos { return v.DLUnreached }, pos{Partition: 0, Offset: 1})},
+		{"a dead letter twice", func(o *observed) { o.DeadLetters[pos{Partition: 0, Offset: 1}] = deadLetter{Count: 2} },
+			wantPos(func(v *verdict) []pos { return v.DLDoubled }, pos{Partition: 0, Offset: 1})},
+		{"a good record dead-lettered", func(o *observed) { o.DeadLetters[pos{Partition: 0, Offset: 2}] = deadLetter{Count: 1} },
+			wantPos(func(v *verdict) []pos { return v.DLUnexpected }, pos{Partition: 0, Offset: 2})},
 		{"a partition behind its end", func(o *observed) { o.Stored[1] = 0 },
 			wantParts(func(v *verdict) []partitionProblem { return v.Stuck }, partitionProblem{1, 0, 1})},
 		{"a partition with no stored offset", func(o *observed) { delete(o.Stored, 1) },
@@ -171,7 +171,7 @@ func TestExpect(t *testing.T) {
 	next := map[int32]int64{}
 	var lost, unacked int64
 	for i, r := range w.Records {
-		at := pos{r.Partition, next[r.Partition]}
+		at := pos{Partition: r.Partition, Offset: next[r.Partition]}
 		switch {
 		case i == 10: // acknowledged, then lost by the broker
 			l.answer(r.Seq, sent{Acked: true, Partition: at.Partition, Offset: at.Offset})
@@ -187,7 +187,7 @@ func TestExpect(t *testing.T) {
 		next[r.Partition]++
 	}
 	found = append(found, landed{Partition: 0, Offset: next[0], Seq: 999999})
-	e := expect(w, l, found, next)
+	e := expect(w, l, found, next, 0)
 	if !slices.Equal(e.BrokerLost, []int64{lost}) {
 		t.Errorf("broker lost %v, want [%d]", e.BrokerLost, lost)
 	}

@@ -67,7 +67,21 @@ func (r *record) poison() bool { return r.Kind != kindOrder && r.Kind != kindRed
 type workload struct {
 	Records []record
 	Orders  map[uuid.UUID]orders.Order // every good event
+	// Burst is published by the pg-latency fault, all on one partition in
+	// a row: records a handler refuses with a data error, so that a batch
+	// of them is isolated under savepoints.
+	Burst []record
 }
+
+// kindBurst is the poison kind of the pg-latency fault's burst: an item of
+// burstItem random characters, over the 2704 bytes a btree index entry may
+// hold, so that inventory_reserved's primary key refuses it (SQLSTATE
+// 54000) as the data-error kind's 10000 do, in a record small enough for
+// a fetch to bring many.
+const (
+	kindBurst = "burst"
+	burstItem = 3000
+)
 
 type workloadConfig struct {
 	Events         int     // unique good events
@@ -128,6 +142,15 @@ func newWorkload(seed uint64, c workloadConfig) (*workload, error) {
 	for i := range w.Records {
 		w.Records[i].Seq = int64(i + 1)
 	}
+	brng := rand.New(rand.NewPCG(seed, 0x6275727374)) // "burst": apart, so that the records above stay those of the seed
+	for i := range latencyBurst {
+		r, err := newPoison(brng, kindBurst, i, c.MaxRecordBytes)
+		if err != nil {
+			return nil, err
+		}
+		r.Seq = int64(len(w.Records) + 1 + i)
+		w.Burst = append(w.Burst, r)
+	}
 	return w, nil
 }
 
@@ -170,10 +193,13 @@ func newPoison(rng *rand.Rand, kind string, i, maxRecordBytes int) (record, erro
 	case "rejected":
 		r.Value = []byte([]string{`{"user_id":"one","items":["SKU-01"]}`, `{"user_id":0,"items":["SKU-02"]}`,
 			fmt.Sprintf(`{"user_id":%d,"items":[]}`, user), fmt.Sprintf(`{"user_id":%d,"items":["SKU-03",""]}`, user)}[i%4])
-	case "data-error":
+	case "data-error", kindBurst:
 		// Random letters, so that Postgres cannot compress the index entry
 		// below its limit.
 		item := make([]byte, 10000)
+		if kind == kindBurst {
+			item = item[:burstItem]
+		}
 		for j := range item {
 			item[j] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"[rng.IntN(62)]
 		}
