@@ -54,10 +54,10 @@ bench-sustained: up-kafka ## rate against dedup table size on PREFILL (10M) pre-
 		-prefill $(PREFILL) -records $(RECORDS) -raw-events 1500000 -out benchmarks/out/sustained-$(PREFILL) $(ARGS)
 
 chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka and Postgres; ARGS="-seed N" replays
-	$(GO) run ./benchmarks/chaos -short $(ARGS)
+	$(GO) run ./chaos -short $(ARGS)
 
 chaos-long: ## the guarantee under faults, long mode: 30 minutes of faults, at least 250 SIGKILLs
-	$(GO) run ./benchmarks/chaos -duration 30m -min-kills 250 $(ARGS)
+	$(GO) run ./chaos -duration 30m -min-kills 250 $(ARGS)
 
 fuzz: ## fuzz the record decoder for 30s
 	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s

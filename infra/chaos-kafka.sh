@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chaos run's own single-node Kafka broker, which benchmarks/chaos kills
+# The chaos run's own single-node Kafka broker, which chaos kills
 # with SIGKILL and starts again. It is infra/kafka.sh on other ports and in
 # another directory, never the shared broker on 19092. Idempotent.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The chaos run's own PostgreSQL 15 cluster (Debian "15 chaos" on port 5442),
-# which benchmarks/chaos crashes and restarts. It is never the shared cluster
+# which chaos crashes and restarts. It is never the shared cluster
 # ("15 main" on 5432) that tests use. Idempotent.
 #
 #   infra/chaos-postgres.sh start    create the cluster (first time), start it, make the

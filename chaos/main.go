@@ -70,7 +70,7 @@ func parseFlags(args []string) (options, error) {
 	var env envList
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: go run ./benchmarks/chaos [flags]   (see benchmarks/chaos/doc.go)")
+		fmt.Fprintln(fs.Output(), "usage: go run ./chaos [flags]   (see chaos/doc.go)")
 		fs.PrintDefaults()
 	}
 	fs.Uint64Var(&o.seed, "seed", 0, "seed of the workload and of the fault schedule; 0: a new one, printed")
@@ -92,7 +92,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.session, "session-timeout", 3*time.Second, "the members' kafka.session_timeout (a stop lasts longer)")
 	fs.StringVar(&o.bin, "onceflow-bin", "", "the onceflow binary to run; empty: build ./cmd/onceflow of this tree")
 	fs.Var(&env, "member-env", "ONCEFLOW_KEY=value for every member (repeatable); the members' other ONCEFLOW_* and OTEL_* variables are removed")
-	fs.StringVar(&o.out, "out", "benchmarks/out/chaos", "directory for the run's directory (logs, configs, timeline, evidence)")
+	fs.StringVar(&o.out, "out", "chaos/out", "directory for the run's directory (logs, configs, timeline, evidence)")
 	fs.BoolVar(&o.keep, "keep-services", false, "leave the chaos broker and Postgres cluster running at the end")
 	fs.IntVar(&o.kafkaPort, "kafka-port", 29092, "the chaos broker's port (never the shared 19092)")
 	fs.IntVar(&o.ctrlPort, "kafka-controller-port", 29093, "the chaos broker's controller port")

@@ -37,7 +37,7 @@ func (c memberConfig) yaml(name string, port int) string {
 	if !strings.Contains(c.DSN, "?") {
 		dsn = c.DSN + "?application_name=" + appPrefix + name
 	}
-	return fmt.Sprintf(`# onceflow run configuration of chaos member %[1]s (written by benchmarks/chaos)
+	return fmt.Sprintf(`# onceflow run configuration of chaos member %[1]s (written by chaos)
 kafka:
   brokers: [%[2]s]
   topics: [%[3]s]

@@ -6,10 +6,10 @@
 // every poison record became one dead letter and every partition reached
 // its end.
 //
-//	go run ./benchmarks/chaos -short          # make chaos, CI: under 4 minutes
-//	go run ./benchmarks/chaos                 # make chaos-long: 30 minutes, >= 250 kills
-//	go run ./benchmarks/chaos -short -seed 42 # replay a run: same workload, same fault schedule
-//	go run ./benchmarks/chaos -short -onceflow-bin ../other-tree/bin/onceflow
+//	go run ./chaos -short          # make chaos, CI: under 4 minutes
+//	go run ./chaos                 # make chaos-long: 30 minutes, >= 250 kills
+//	go run ./chaos -short -seed 42 # replay a run: same workload, same fault schedule
+//	go run ./chaos -short -onceflow-bin ../other-tree/bin/onceflow
 //
 // # Services
 //
