@@ -190,6 +190,10 @@ func (s *Seed) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ev, err := Audit(r.Context(), s.cfg.Pool, s.cfg.Store, s.cfg.Schema, s.cfg.Handlers, s.cfg.Horizon, id)
+	if errors.Is(err, ErrNotSeen) {
+		writeError(w, http.StatusNotFound, "%v", err)
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "audit: %v", err)
 		return
