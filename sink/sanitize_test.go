@@ -93,3 +93,21 @@ func TestDeadLetterReasonsAreSanitized(t *testing.T) {
 		t.Errorf("long reason = %.40q…%q, want its start and a note of what was cut", r, r[max(0, len(r)-40):])
 	}
 }
+
+// A handler's name is stored in every claim and dead-letter reason: a name
+// Postgres cannot store as text is refused when the Writer is made, not
+// found out batch by batch.
+func TestNewRefusesHandlerNamesPostgresCannotStore(t *testing.T) {
+	pool := sinktest.Pool(t)
+	noop := func(context.Context, pgx.Tx, []sink.Event) error { return nil }
+	_, err := sink.New(pool, sink.Config{Group: "g", Handlers: []sink.Handler{
+		sink.HandlerFunc("bad\xffname", noop), sink.HandlerFunc("nul\x00name", noop)}})
+	if err == nil {
+		t.Fatal("New accepted handler names with invalid UTF-8 and a NUL")
+	}
+	for _, want := range []string{`handler "bad\xffname": the name is not valid UTF-8`, `handler "nul\x00name": the name contains a NUL`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -27,7 +29,7 @@ type Config struct {
 	Schema   string    // Postgres schema holding sink's tables; default "public"
 	Group    string    // consumer group; the sink_offsets key. Required.
 	Bus      string    // the processed_events.bus value; default "kafka"
-	Handlers []Handler // at least one; names must be unique and non-empty
+	Handlers []Handler // at least one; names must be unique, non-empty, valid UTF-8 without NUL
 	// Parse, if set, reads an event once for all handlers: it is called
 	// once per event that some handler claimed in the batch's transaction
 	// (not for events every handler has seen), and handlers receive its
@@ -120,6 +122,10 @@ func (c Config) Validate() error {
 		switch name := h.Name(); {
 		case name == "":
 			ps = append(ps, errors.New("sink: a handler has an empty name"))
+		case !utf8.ValidString(name):
+			ps = append(ps, fmt.Errorf("sink: handler %q: the name is not valid UTF-8", name))
+		case strings.IndexByte(name, 0) >= 0:
+			ps = append(ps, fmt.Errorf("sink: handler %q: the name contains a NUL", name))
 		case seen[name]:
 			ps = append(ps, fmt.Errorf("sink: handler %q registered twice", name))
 		default:
