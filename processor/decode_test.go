@@ -189,6 +189,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"a":"\u0000"}`), []byte(testID), []byte(nil), "", uint8(0))
 	f.Add([]byte(`{"user_id":1}`), []byte(nil), []byte(testID), "", uint8(2))
 	f.Add([]byte("\x00\xff"), []byte(nil), []byte(nil), "", uint8(7))
+	f.Add([]byte(`{"id":"`+testID+`","a":"\u0000","b":{"c":[1,{"d":2}]}`), []byte(nil), []byte(nil), "id", uint8(1))
 	sources := []IDSource{IDFromHeader, IDFromField, IDFromKey, IDFromOffset}
 	formats := []Format{FormatJSON, FormatBytes}
 	f.Fuzz(func(t *testing.T, value, id, key []byte, field string, mode uint8) {
