@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -29,10 +30,23 @@ type EventAudit struct {
 	Outbox *outbox.Status `json:"outbox,omitempty"`
 }
 
+// ErrNotSeen is returned (wrapped, with the audit) by [Audit] for an event
+// onceflow holds no record of: no outbox row, no processed_events row, no
+// dead letter.
+var ErrNotSeen = errors.New("no record of the event")
+
+// Seen reports whether anything was recorded about the event: an outbox
+// row, a processed_events row or a dead letter.
+func (a EventAudit) Seen() bool {
+	return len(a.Processed) > 0 || len(a.DeadLetters) > 0 || (a.Outbox != nil && a.Outbox.Count > 0)
+}
+
 // Audit gathers what sink, the demo business and the outbox recorded about
 // event id in schema, listing processed rows in the order of handlers;
 // horizon is the dedup retention (0: unlimited). A part whose tables do
-// not exist in schema is left out. It reads only.
+// not exist in schema is left out. It reads only. For an event with no
+// record at all ([EventAudit.Seen] false) it returns the (empty) audit
+// and an error wrapping [ErrNotSeen] that says where it looked.
 func Audit(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, schema string, handlers []string, horizon time.Duration, id uuid.UUID) (EventAudit, error) {
 	a, err := sink.Audit(ctx, pool, schema, id, horizon)
 	if err != nil {
@@ -59,6 +73,11 @@ func Audit(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, schema 
 		out.Outbox = &st
 	case !missingTable(err):
 		return EventAudit{}, err
+	}
+	if !out.Seen() {
+		return out, fmt.Errorf("%w %s in schema %s: no outbox row, no processed_events row, no dead letter "+
+			"(a consumed record whose id could not be read has a dead letter without event_id: look it up by topic, partition and offset)",
+			ErrNotSeen, id, schema)
 	}
 	return out, nil
 }

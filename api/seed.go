@@ -217,6 +217,10 @@ func (s *Seed) audit(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	ev, err := Audit(ctx, s.cfg.Pool, s.cfg.Store, s.cfg.Schema, s.cfg.Handlers, s.cfg.Horizon, id)
+	if errors.Is(err, ErrNotSeen) {
+		writeError(w, http.StatusNotFound, "%v", err)
+		return
+	}
 	if err != nil {
 		s.fail(w, r, "audit", err, false)
 		return

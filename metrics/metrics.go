@@ -72,7 +72,7 @@ var (
 	descQueuedB   = prometheus.NewDesc("onceflow_queued_value_bytes", "Value bytes of the records waiting in the partitions' queues.", nil, nil)
 	descApplied   = prometheus.NewDesc("onceflow_events_applied_total", "(event, handler) pairs applied.", nil, nil)
 	descSkipped   = prometheus.NewDesc("onceflow_duplicates_skipped_total", "(event, handler) pairs skipped as duplicates, by layer.", []string{"layer"}, nil)
-	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Records written to dead letters.", nil, nil)
+	descDead      = prometheus.NewDesc("onceflow_dead_letters_total", "Rows inserted into dead_letters: a record read again whose dead letter is recorded already is not counted again.", nil, nil)
 	descConflicts = prometheus.NewDesc("onceflow_duplicates_conflicting_total", "Events whose event_id was already applied with a different payload: dead-lettered, the first version's effects stand.", nil, nil)
 	descBatches   = prometheus.NewDesc("onceflow_batches_total", "Batches committed, or found whole with their offset deferred.", nil, nil)
 	descDeferred  = prometheus.NewDesc("onceflow_batches_offset_deferred_total", "Batches found whole (every event applied before: a replay's re-read) that wrote nothing and left their offset to a later batch.", nil, nil)

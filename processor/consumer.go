@@ -68,7 +68,7 @@ type Stats struct {
 	Applied              int64 // (event, handler) pairs applied
 	SkippedLRU           int64
 	SkippedPostgres      int64
-	DeadLetters          int64 // records written to dead_letters
+	DeadLetters          int64 // dead_letters rows inserted; a record read again whose dead letter was recorded before is not counted
 	Conflicts            int64 // events dead-lettered as conflicting duplicates (included in DeadLetters)
 	DeadLettersPublished int64 // dead letters copied to the dead-letter topic
 	Fenced               int64 // batches refused by the offset fence (the worker then stopped)

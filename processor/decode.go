@@ -140,8 +140,13 @@ type DecodeError struct {
 	Topic     string
 	Partition int32
 	Offset    int64
-	EventID   uuid.NullUUID // set when the id was readable but the value was not
-	Reason    string
+	// EventID is set when the id could be read although the record is
+	// refused: from its header or key, or from the JSON field as far as
+	// the value parses (a value too large, with a NUL or a \u0000, or
+	// invalid after the field). Its dead letter carries it, so that
+	// `onceflow audit ID` finds it.
+	EventID uuid.NullUUID
+	Reason  string
 }
 
 func (e *DecodeError) Error() string {
@@ -157,6 +162,9 @@ func (e *DecodeError) Error() string {
 func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 	cfg = cfg.withDefaults()
 	fail := func(id uuid.NullUUID, format string, args ...any) (sink.Event, error) {
+		if !id.Valid && cfg.IDSource == IDFromField && cfg.IDField != "" && cfg.Format == FormatJSON {
+			id = fieldID(r.Value, cfg.IDField)
+		}
 		return sink.Event{}, &DecodeError{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			EventID: id, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -246,6 +254,59 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 		ID: id.UUID, Value: r.Value, Key: r.Key, Headers: hs,
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
 	}, nil
+}
+
+// fieldID reads the id of a value the decoder refuses (too large, a NUL,
+// invalid JSON further on) from its top-level field, as far as the value
+// parses: the field's last occurrence before the value stops parsing, if
+// it is a canonical UUID string. It reads the value token by token, so a
+// value too large costs one pass and no copy of it.
+func fieldID(value []byte, field string) uuid.NullUUID {
+	dec := json.NewDecoder(bytes.NewReader(value))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return uuid.NullUUID{}
+	}
+	var id uuid.NullUUID
+	for dec.More() {
+		tok, err := dec.Token()
+		key, ok := tok.(string)
+		if err != nil || !ok {
+			return id
+		}
+		if key != field {
+			if skipValue(dec) != nil {
+				return id
+			}
+			continue
+		}
+		var s string
+		if err := dec.Decode(&s); err != nil {
+			return uuid.NullUUID{} // not a string: the last occurrence is no id
+		}
+		u, err := parseID([]byte(s))
+		id = uuid.NullUUID{UUID: u, Valid: err == nil}
+	}
+	return id
+}
+
+// skipValue reads past the next JSON value of dec without keeping it.
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
 }
 
 // parseID accepts only the canonical 36-character form.

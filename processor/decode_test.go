@@ -88,6 +88,49 @@ func TestDecode(t *testing.T) {
 	}
 }
 
+// A record refused for its value keeps its event id wherever the id can
+// be read: from its header, or from the JSON field as far as the value
+// parses, so that its dead letter is found by the id (onceflow audit).
+func TestDecodeErrorKeepsReadableID(t *testing.T) {
+	big := strings.Repeat("x", 100)
+	field := DecodeConfig{IDField: "id", MaxBytes: 64}
+	for _, tc := range []struct {
+		name string
+		rec  *kgo.Record
+		cfg  DecodeConfig
+		id   string // "" = none readable
+	}{
+		{"header, nul escape", rec(`{"a":"\u0000"}`, "event_id", testID), DecodeConfig{}, testID},
+		{"header, too large", rec(`{"a":"`+big+`"}`, "event_id", testID), DecodeConfig{MaxBytes: 64}, testID},
+		{"header, nul byte", rec("{\"a\":\"\x00\"}", "event_id", testID), DecodeConfig{}, testID},
+		{"header, invalid json", rec(`{"a":`, "event_id", testID), DecodeConfig{}, testID},
+		{"header, two of them", rec(`{"a":"\u0000"}`, "event_id", testID, "event_id", testID), DecodeConfig{}, ""},
+		{"field, nul escape", rec(`{"id":"` + testID + `","a":"\u0000"}`), field, testID},
+		{"field, too large", rec(`{"a":"` + big + `","id":"` + testID + `"}`), field, testID},
+		{"field, nul byte after it", rec("{\"id\":\"" + testID + "\",\"a\":\"\x00\"}"), field, testID},
+		{"field, truncated after it", rec(`{"id":"` + testID + `","a":[1,`), field, testID},
+		{"field, nul byte before it", rec("{\"a\":\"\x00\",\"id\":\"" + testID + "\"}"), field, ""},
+		{"field not a uuid", rec(`{"id":"x","a":"\u0000"}`), field, ""},
+		{"field repeated, the last not a uuid", rec(`{"id":"` + testID + `","id":"x","a":"\u0000"}`), field, ""},
+		{"field nested only", rec(`{"a":{"id":"` + testID + `"},"b":"\u0000"}`), field, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Decode(tc.rec, tc.cfg)
+			de, ok := err.(*DecodeError)
+			if !ok {
+				t.Fatalf("Decode error = %v, want a *DecodeError", err)
+			}
+			got := ""
+			if de.EventID.Valid {
+				got = de.EventID.UUID.String()
+			}
+			if got != tc.id {
+				t.Errorf("DecodeError.EventID = %q, want %q (reason %q)", got, tc.id, de.Reason)
+			}
+		})
+	}
+}
+
 // The ids derived from offsets are a stored identity: they must never
 // change. The values were computed independently (Python's uuid.uuid5).
 func TestOffsetID(t *testing.T) {
@@ -146,6 +189,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"a":"\u0000"}`), []byte(testID), []byte(nil), "", uint8(0))
 	f.Add([]byte(`{"user_id":1}`), []byte(nil), []byte(testID), "", uint8(2))
 	f.Add([]byte("\x00\xff"), []byte(nil), []byte(nil), "", uint8(7))
+	f.Add([]byte(`{"id":"`+testID+`","a":"\u0000","b":{"c":[1,{"d":2}]}`), []byte(nil), []byte(nil), "id", uint8(1))
 	sources := []IDSource{IDFromHeader, IDFromField, IDFromKey, IDFromOffset}
 	formats := []Format{FormatJSON, FormatBytes}
 	f.Fuzz(func(t *testing.T, value, id, key []byte, field string, mode uint8) {

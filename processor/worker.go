@@ -309,7 +309,9 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 			// outcome was lost: the batch is committed.
 			w.c.log.Info("batch found committed by an earlier attempt", "topic", b.Topic, "partition", b.Partition,
 				"offset", recs[0].Offset, "batch_size", len(recs))
-			res, err = sink.Result{DeadLetters: len(b.DeadLetters)}, nil
+			// How many dead letters it inserted is not known: none is
+			// counted (dead_letters holds them).
+			res, err = sink.Result{}, nil
 		}
 		if err == nil {
 			w.committed(ctx, b, recs, res, start)
@@ -376,8 +378,10 @@ func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
 				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 				EventID: de.EventID, Reason: de.Reason, Key: r.Key, Value: r.Value,
 			})
-			w.c.log.Warn("dead letter: the record cannot be decoded", "topic", r.Topic, "partition", r.Partition,
-				"offset", r.Offset, "reason", de.Reason)
+			// Logged by the Writer once recorded: not on a re-read that
+			// finds it recorded already.
+			w.c.log.Debug("the record cannot be decoded: a dead letter unless recorded already", "topic", r.Topic,
+				"partition", r.Partition, "offset", r.Offset, "reason", de.Reason)
 			continue
 		}
 		if w.c.traced {

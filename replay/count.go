@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // countChunk is how many records Count looks up in processed_events at
@@ -19,12 +20,18 @@ import (
 const countChunk = 5000
 
 // Count reads the records each partition of plan would replay, decodes
-// their ids with Config.Decode, and fills the partition's counts per
-// handler from processed_events: applied (no row), skipped (a row, or an
-// earlier record of the range with the same id) and conflicts (a row with
-// another payload digest). A record the decoder refuses counts as
-// Undecodable and for no handler. Count writes nothing; the group may be
-// running, in which case the counts are those of the moment they are
+// them with Config.Decode, and fills the partition's counts per handler
+// from processed_events and dead_letters, in the order the sink decides:
+// conflicts (a row with another payload digest: the event is refused for
+// every handler), skipped (a row, or an earlier record of the range with
+// the same id), then, of the event's pairs left, refused (Config.Parse
+// refuses the event), dead-lettered before (the event has a dead letter at
+// its offset from an earlier read), or applied. A record the decoder
+// refuses counts as Undecodable and for no handler. What cannot be known
+// without running the handlers is whether a handler refuses an event it
+// accepted before, or accepts one it refused: Applied and
+// DeadLetteredBefore assume neither. Count writes nothing; the group may
+// be running, in which case the counts are those of the moment they are
 // read.
 func (r *Replayer) Count(ctx context.Context, plan *Plan) error {
 	ranges := map[TopicPartition][2]int64{}
@@ -56,7 +63,7 @@ func (r *Replayer) Count(ctx context.Context, plan *Plan) error {
 			p.Undecodable++
 			return nil
 		}
-		chunk = append(chunk, pendingRecord{TopicPartition{rec.Topic, rec.Partition}, ev.ID, dedup.PayloadDigest(ev.Value)})
+		chunk = append(chunk, pendingRecord{TopicPartition{rec.Topic, rec.Partition}, ev.ID, dedup.PayloadDigest(ev.Value), ev})
 		if len(chunk) >= countChunk {
 			return flush()
 		}
@@ -72,6 +79,7 @@ type pendingRecord struct {
 	tp     TopicPartition
 	id     uuid.UUID
 	digest dedup.Digest
+	ev     sink.Event // for Config.Parse
 }
 
 // countChunk counts the pairs of chunk, in record order, against the rows
@@ -109,6 +117,10 @@ WHERE event_id = ANY($1::uuid[]) AND handler = ANY($2)`, ids, r.cfg.Handlers)
 	if err != nil {
 		return fmt.Errorf("replay: read processed_events: %w", err)
 	}
+	before, err := r.deadLettered(ctx, ids)
+	if err != nil {
+		return err
+	}
 	for _, c := range chunk {
 		p := &plan.Partitions[index[c.tp]]
 		// An event conflicts as a whole, as in the sink: if any handler
@@ -125,6 +137,7 @@ WHERE event_id = ANY($1::uuid[]) AND handler = ANY($2)`, ids, r.cfg.Handlers)
 				conflict = true
 			}
 		}
+		var claims []string // the handlers that would claim the event
 		for _, h := range r.cfg.Handlers {
 			if !r.consumes(h, c.tp.Topic) {
 				continue
@@ -138,12 +151,83 @@ WHERE event_id = ANY($1::uuid[]) AND handler = ANY($2)`, ids, r.cfg.Handlers)
 			case inTable || inRange:
 				p.Handlers[h].Skipped++
 			default:
+				claims = append(claims, h)
+			}
+		}
+		if len(claims) == 0 {
+			continue
+		}
+		refused, err := r.refuses(c.ev)
+		if err != nil {
+			return err
+		}
+		again := !refused && before[deadLetterAt{c.tp, c.ev.Offset, c.id}]
+		switch {
+		case refused:
+			p.Refused++
+		case again:
+			p.DeadLetteredBefore++
+		}
+		for _, h := range claims {
+			switch {
+			case refused:
+				p.Handlers[h].Refused++
+			case again:
+				p.Handlers[h].DeadLetteredBefore++
+			default:
 				p.Handlers[h].Applied++
-				seen[k] = c.digest
+				seen[dedup.Key{EventID: c.id, Handler: h}] = c.digest
 			}
 		}
 	}
 	return nil
+}
+
+// deadLetterAt is where a dead letter is, with its event id.
+type deadLetterAt struct {
+	tp     TopicPartition
+	offset int64
+	id     uuid.UUID
+}
+
+// deadLettered returns the dead letters of the group with one of ids that
+// are not conflicts (a conflict is counted from processed_events).
+func (r *Replayer) deadLettered(ctx context.Context, ids []pgtype.UUID) (map[deadLetterAt]bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	rows, err := r.cfg.Pool.Query(cctx, `SELECT topic, partition, "offset", event_id FROM `+r.table("dead_letters")+`
+WHERE consumer_group = $1 AND event_id = ANY($2::uuid[]) AND reason <> $3`, r.cfg.Group, ids, sink.ReasonConflict)
+	if err != nil {
+		return nil, fmt.Errorf("replay: read dead_letters: %w", err)
+	}
+	out := map[deadLetterAt]bool{}
+	var at deadLetterAt
+	var id [16]byte
+	_, err = pgx.ForEachRow(rows, []any{&at.tp.Topic, &at.tp.Partition, &at.offset, &id}, func() error {
+		at.id = id
+		out[at] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replay: read dead_letters: %w", err)
+	}
+	return out, nil
+}
+
+// refuses reports whether Config.Parse refuses ev (false without a Parse).
+// A panic in Parse is an error: the sink would retry the batch, not
+// dead-letter the event.
+func (r *Replayer) refuses(ev sink.Event) (refused bool, err error) {
+	if r.cfg.Parse == nil {
+		return false, nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("replay: parse %s/%d@%d: panic: %v", ev.Topic, ev.Partition, ev.Offset, p)
+		}
+	}()
+	_, perr := r.cfg.Parse(ev)
+	return perr != nil, nil
 }
 
 // consumes reports whether handler h takes records of topic.

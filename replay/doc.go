@@ -50,8 +50,14 @@
 // # Dry run
 //
 // [Replayer.Count] reads the records between the target and the current
-// position, decodes their ids as the pipeline does, and counts per
-// partition and handler the pairs that would be applied, skipped as
-// duplicates (a processed_events row, or an earlier record of the range)
-// or dead-lettered as conflicting duplicates. It writes nothing.
+// position, decodes them as the pipeline does, and counts per partition
+// and handler the pairs that would be applied, skipped as duplicates (a
+// processed_events row, or an earlier record of the range), dead-lettered
+// as conflicting duplicates, or refused by the handlers' shared parse
+// (Config.Parse: dead letters); per partition, the records the decoder
+// refuses (dead letters). Events a handler dead-lettered on an earlier
+// read (a dead letter at their offset) are counted apart: the handlers
+// run on them again. What only running the handlers tells — whether one
+// refuses an event now, or accepts one it refused — the counts cannot
+// know; they assume each handler answers as before. It writes nothing.
 package replay

@@ -41,6 +41,12 @@ type Config struct {
 	// Decode is how the group decodes records (config keys decode.*); the
 	// dry run reads event ids the same way.
 	Decode processor.DecodeConfig
+	// Parse, if set, is the group's sink.Config.Parse: the dry run calls
+	// it on each event some handler would claim, and counts an event it
+	// refuses as a dead letter (Refused), as the sink will, instead of as
+	// pairs to apply. It must give the same answer for the same event (as
+	// sink requires); a panic fails the dry run.
+	Parse func(sink.Event) (any, error)
 	// Horizon is how long processed_events rows are kept (dedup.retention):
 	// a rewind reaching a record older than that is refused unless forced.
 	// 0 means rows are kept for ever: no rewind is refused for its age.
@@ -188,16 +194,44 @@ type Partition struct {
 
 	// Filled by Count.
 	Counted     bool
-	Records     int64                  // records in [Target, Current)
-	Undecodable int64                  // of which would be dead-lettered by the decoder
-	Handlers    map[string]*PairCounts // per handler
+	Records     int64 // records in [Target, Current)
+	Undecodable int64 // of which the decoder refuses: dead letters again
+	// Refused counts the events of the range Config.Parse refuses: dead
+	// letters again, applied by no handler.
+	Refused int64
+	// DeadLetteredBefore counts the events of the range some handler would
+	// claim that have a dead letter at their offset already, from an
+	// earlier read (a handler's RejectError or data error): the handlers
+	// run on them again, and only running them tells whether they refuse
+	// them again (a dead letter, recorded already) or now apply them.
+	DeadLetteredBefore int64
+	Handlers           map[string]*PairCounts // per handler
 }
 
-// PairCounts is what replaying a range would do for one handler.
+// PairCounts is what replaying a range would do for one handler. Applied
+// counts what can be known without running the handler: a pair it will
+// apply unless the handler refuses the event on the re-read (a
+// RejectError or a data error, known only by running it).
 type PairCounts struct {
 	Applied   int64 `json:"applied"`   // pairs with no processed_events row: claimed and applied
 	Skipped   int64 `json:"skipped"`   // pairs already applied (or earlier in the range): skipped as duplicates
 	Conflicts int64 `json:"conflicts"` // pairs whose id was applied with another payload: dead-lettered
+	// Refused counts the pairs of events Config.Parse refuses: dead
+	// letters, not applied.
+	Refused int64 `json:"refused"`
+	// DeadLetteredBefore counts the pairs of events dead-lettered on an
+	// earlier read (Partition.DeadLetteredBefore): applied only if the
+	// handlers now accept them.
+	DeadLetteredBefore int64 `json:"dead_lettered_before"`
+}
+
+// Add adds o's counts to c's.
+func (c *PairCounts) Add(o PairCounts) {
+	c.Applied += o.Applied
+	c.Skipped += o.Skipped
+	c.Conflicts += o.Conflicts
+	c.Refused += o.Refused
+	c.DeadLetteredBefore += o.DeadLetteredBefore
 }
 
 // Plan is a rewind resolved against the group's current position.

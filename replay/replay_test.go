@@ -200,9 +200,7 @@ func totals(p *replay.Plan) (records int64, pairs map[string]replay.PairCounts) 
 		records += x.Records
 		for h, c := range x.Handlers {
 			t := pairs[h]
-			t.Applied += c.Applied
-			t.Skipped += c.Skipped
-			t.Conflicts += c.Conflicts
+			t.Add(*c)
 			pairs[h] = t
 		}
 	}

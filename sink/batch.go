@@ -36,7 +36,12 @@ type Header struct {
 	Value []byte
 }
 
-// DeadLetter is a record that could not be decoded or applied.
+// DeadLetter is a record that could not be decoded or applied. Whoever
+// wrote its Reason (a decoder, a handler's RejectError, a Postgres error,
+// Parse), it is stored valid UTF-8 (each run of invalid bytes replaced by
+// U+FFFD), with every NUL replaced by U+FFFD, and at most MaxReasonBytes
+// long (the rest cut, and the cut noted): Postgres refuses text that is
+// not, and a dead letter it refused would stop its partition.
 type DeadLetter struct {
 	Topic     string
 	Partition int32
@@ -93,9 +98,9 @@ type Result struct {
 	Applied         int          // keys claimed and applied by their handler
 	SkippedLRU      int          // keys dropped by the cache without a round trip
 	SkippedPostgres int          // keys whose processed_events row already existed (or repeated in the batch)
-	DeadLetters     int          // records written to dead_letters (decode failures, rejections, data errors)
-	Rejected        []DeadLetter // events dead-lettered inside the transaction (rejected, isolated or conflicting), included in DeadLetters
-	Conflicts       int          // events refused as conflicting duplicates (ReasonConflict), included in Rejected
+	DeadLetters     int          // dead_letters rows inserted (decode failures, rejections, data errors, conflicts); one recorded before at its offset (a record read again) is neither inserted nor counted
+	Rejected        []DeadLetter // events refused inside the transaction (rejected, isolated or conflicting), as stored; included in DeadLetters unless recorded before
+	Conflicts       int          // dead letters inserted for conflicting duplicates (ReasonConflict), included in DeadLetters
 	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated; 0 when the offset was deferred
 	// OffsetDeferred: the batch was found whole under Batch.DeferOffset,
 	// and nothing was written; sink_offsets still holds Batch.Fence.

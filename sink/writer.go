@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -27,7 +29,7 @@ type Config struct {
 	Schema   string    // Postgres schema holding sink's tables; default "public"
 	Group    string    // consumer group; the sink_offsets key. Required.
 	Bus      string    // the processed_events.bus value; default "kafka"
-	Handlers []Handler // at least one; names must be unique and non-empty
+	Handlers []Handler // at least one; names must be unique, non-empty, valid UTF-8 without NUL
 	// Parse, if set, reads an event once for all handlers: it is called
 	// once per event that some handler claimed in the batch's transaction
 	// (not for events every handler has seen), and handlers receive its
@@ -120,6 +122,10 @@ func (c Config) Validate() error {
 		switch name := h.Name(); {
 		case name == "":
 			ps = append(ps, errors.New("sink: a handler has an empty name"))
+		case !utf8.ValidString(name):
+			ps = append(ps, fmt.Errorf("sink: handler %q: the name is not valid UTF-8", name))
+		case strings.IndexByte(name, 0) >= 0:
+			ps = append(ps, fmt.Errorf("sink: handler %q: the name contains a NUL", name))
 		case seen[name]:
 			ps = append(ps, fmt.Errorf("sink: handler %q registered twice", name))
 		default:
@@ -258,12 +264,15 @@ type pending struct {
 
 // outcome is what one application of some events did inside a transaction.
 type outcome struct {
-	claimed   []dedup.Key
-	digests   []dedup.Digest // digests[i] was stored with claimed[i]
-	already   []skip
-	dead      []DeadLetter // events isolated into dead letters, conflicts included
-	conflicts int          // events refused as conflicting duplicates
-	slice     int32        // the dedup slice the claims went to, when there are any
+	claimed []dedup.Key
+	digests []dedup.Digest // digests[i] was stored with claimed[i]
+	already []skip
+	dead    []DeadLetter // events isolated into dead letters, conflicts included
+	slice   int32        // the dedup slice the claims went to, when there are any
+	// recorded are the dead_letters rows the transaction inserted (set by
+	// transaction, not by merge): the batch's dead letters not recorded
+	// before.
+	recorded []DeadLetter
 }
 
 func (o *outcome) merge(p outcome) {
@@ -271,7 +280,6 @@ func (o *outcome) merge(p outcome) {
 	o.digests = append(o.digests, p.digests...)
 	o.already = append(o.already, p.already...)
 	o.dead = append(o.dead, p.dead...)
-	o.conflicts += p.conflicts
 	o.slice = max(o.slice, p.slice)
 }
 
@@ -344,10 +352,29 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	res.Applied = len(out.claimed)
 	res.SkippedPostgres = len(out.already)
 	res.Rejected = append(slices.Clip(conflicts), out.dead...)
-	res.DeadLetters = len(b.DeadLetters) + len(res.Rejected)
-	res.Conflicts = len(conflicts) + out.conflicts
+	res.DeadLetters = len(out.recorded)
+	for _, d := range out.recorded {
+		if d.Reason == ReasonConflict {
+			res.Conflicts++
+		}
+	}
 	w.logSkips(ctx, b, skipped)
+	w.logDeadLetters(out.recorded)
 	return res, nil
+}
+
+// logDeadLetters logs each dead letter a committed batch recorded: a
+// record read again whose dead letter was recorded before is not logged
+// again (nor counted, see Result.DeadLetters).
+func (w *Writer) logDeadLetters(recorded []DeadLetter) {
+	for _, d := range recorded {
+		id := ""
+		if d.EventID.Valid {
+			id = d.EventID.UUID.String()
+		}
+		w.log.Warn("dead letter recorded", "topic", d.Topic, "partition", d.Partition, "offset", d.Offset,
+			"event_id", id, "reason", d.Reason)
+	}
 }
 
 // foundWhole reports whether b has nothing to write, looking in
@@ -528,7 +555,7 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 		return outcome{}, err
 	}
 	dead := append(append(slices.Clip(b.DeadLetters), conflicts...), out.dead...)
-	if err := w.insertDeadLetters(ctx, tx, dead); err != nil {
+	if out.recorded, err = w.insertDeadLetters(ctx, tx, dead); err != nil {
 		return outcome{}, err
 	}
 	octx, span := w.tracer.Start(ctx, "sink.offset_cas", trace.WithAttributes(
@@ -608,7 +635,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		if err != nil {
 			return outcome{}, err
 		}
-		out.dead, out.conflicts = append(out.dead, dead...), len(conflicting)
+		out.dead = append(out.dead, dead...)
 	}
 	for _, h := range w.cfg.Handlers {
 		events := perHandler[h.Name()]
@@ -842,12 +869,12 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 // deadLetter is the dead letter of event i, which failed with err.
 func (w *Writer) deadLetter(b *Batch, i int, err error) DeadLetter {
 	e := b.Events[i]
-	dl := DeadLetter{
+	dl := sanitizeDeadLetter(DeadLetter{
 		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
 		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
 		Reason:  reason(err), Key: e.Key, Value: e.Value,
-	}
-	w.log.Warn("dead letter: the event cannot be applied", "topic", e.Topic, "partition", e.Partition,
+	})
+	w.log.Debug("the event cannot be applied: a dead letter if the batch commits", "topic", e.Topic, "partition", e.Partition,
 		"offset", e.Offset, "event_id", e.ID.String(), "reason", dl.Reason)
 	return dl
 }
@@ -879,9 +906,12 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, w.cfg.Group, b.Top
 	return fe
 }
 
-func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {
+// insertDeadLetters inserts dls, each sanitized (sanitizeDeadLetter), and
+// returns those it inserted, sanitized: a dead letter recorded before at
+// its offset is not inserted again.
+func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLetter) ([]DeadLetter, error) {
 	if len(dls) == 0 {
-		return nil
+		return nil, nil
 	}
 	n := len(dls)
 	topics, reasons := make([]string, n), make([]string, n)
@@ -889,20 +919,26 @@ func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLet
 	ids := make([]pgtype.UUID, n) // binary encoding; uuid.NullUUID would be text
 	keys, values := make([][]byte, n), make([][]byte, n)
 	for i, d := range dls {
+		d = sanitizeDeadLetter(d)
 		topics[i], parts[i], offsets[i] = d.Topic, d.Partition, d.Offset
 		ids[i] = pgtype.UUID{Bytes: d.EventID.UUID, Valid: d.EventID.Valid}
 		reasons[i], keys[i], values[i] = d.Reason, d.Key, d.Value
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+w.dead+`
+	rows, err := tx.Query(ctx, `INSERT INTO `+w.dead+`
 (consumer_group, topic, partition, "offset", event_id, reason, record_key, record_value)
 SELECT $1, d.* FROM unnest($2::text[], $3::int[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[])
   AS d(topic, partition, "offset", event_id, reason, record_key, record_value)
-ON CONFLICT (consumer_group, topic, partition, "offset") DO NOTHING`,
+ON CONFLICT (consumer_group, topic, partition, "offset") DO NOTHING
+RETURNING topic, partition, "offset"`,
 		w.cfg.Group, topics, parts, offsets, ids, reasons, keys, values)
 	if err != nil {
-		return fmt.Errorf("insert dead letters: %w", err)
+		return nil, fmt.Errorf("insert dead letters: %w", err)
 	}
-	return nil
+	recorded, err := insertedDeadLetters(rows, dls)
+	if err != nil {
+		return nil, fmt.Errorf("insert dead letters: %w", err)
+	}
+	return recorded, nil
 }
 
 // logSkips logs dedup.skip for each skipped key (the first SkipLogLimit at

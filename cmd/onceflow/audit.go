@@ -14,7 +14,16 @@ func newAuditCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "audit EVENT_ID",
 		Short: "Show what happened to one event: outbox row, processed rows per handler, emails, dead letters",
-		Args:  cobra.ExactArgs(1),
+		Long: `audit prints, as JSON, what onceflow recorded about one event: its outbox
+row (where serve's API wrote it), its processed_events row per handler,
+the demo's emails, and its dead letters, including one written while
+decoding if its id could be read (the event_id header, or the
+decode.event_id_field as far as the value parses).
+
+An id onceflow has no record of (no outbox row, no processed row, no dead
+letter) is said so on standard error, with nothing on standard output,
+and audit exits 1.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, ok := api.ParseID(args[0])
 			if !ok {

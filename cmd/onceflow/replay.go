@@ -51,8 +51,16 @@ records' effects would apply again) is refused unless
 --risk-reapplying-effects is given.
 
 --dry-run reads the records between the target and the group's position and
-prints, per partition and handler, how many pairs would be applied, skipped
-as duplicates, or dead-lettered as conflicting; it changes nothing.`,
+prints, per partition and handler, what the re-read would do with each
+(event, handler) pair: APPLY, SKIP (applied before), CONFLICT (the id was
+applied with another payload: a dead letter), REFUSED (the handlers' shared
+parse refuses the event: a dead letter), DL-BEFORE (a handler dead-lettered
+the event on an earlier read: the handlers run on it again), and per
+partition the UNDECODABLE records (dead letters). It changes nothing. What
+it cannot know is what only running a handler tells: whether it refuses an
+event (a sink.RejectError, a data error in Postgres) it has not refused
+before, counted in APPLY, or accepts one it refused before, counted in
+DL-BEFORE. A dead letter recorded before is not written again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := replayRequest(toTime, toOffsets, toStart, backfill, risk, time.Now())
@@ -69,7 +77,7 @@ as duplicates, or dead-lettered as conflicting; it changes nothing.`,
 				r, err := replay.New(replay.Config{
 					Pool: pool, Brokers: a.cfg.Kafka.Brokers, KafkaOptions: a.kafkaOptions(a.cfg.Kafka.ClientID + "-replay"),
 					Schema: a.cfg.Postgres.Schema, Group: a.cfg.Kafka.Group, Topics: a.cfg.Kafka.Topics,
-					Handlers: a.handlerNames(), HandlerTopics: topics, Decode: a.decodeConfig(),
+					Handlers: a.handlerNames(), HandlerTopics: topics, Decode: a.decodeConfig(), Parse: registry.parser(a.cfg.Handlers),
 					Horizon: dedupHorizon(a.cfg), CallTimeout: a.cfg.Postgres.CallTimeout, Logger: a.log,
 				})
 				if err != nil {
@@ -197,30 +205,37 @@ func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
 		tw.Flush()
 		return
 	}
-	fmt.Fprintln(tw, "TOPIC\tPARTITION\tFROM\tTO\tRECORDS\tUNDECODABLE\tHANDLER\tAPPLY\tSKIP\tCONFLICT")
+	fmt.Fprintln(tw, "TOPIC\tPARTITION\tFROM\tTO\tRECORDS\tUNDECODABLE\tHANDLER\tAPPLY\tSKIP\tCONFLICT\tREFUSED\tDL-BEFORE")
 	totals := map[string]*replay.PairCounts{}
-	var records int64
+	var records, undecodable int64
 	for _, p := range plan.Partitions {
 		records += p.Records
+		undecodable += p.Undecodable
 		for _, h := range handlerOrder(p) {
 			c := p.Handlers[h]
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\n", p.Topic, p.Partition, p.Current, p.Target,
-				p.Records, p.Undecodable, h, c.Applied, c.Skipped, c.Conflicts)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", p.Topic, p.Partition, p.Current, p.Target,
+				p.Records, p.Undecodable, h, c.Applied, c.Skipped, c.Conflicts, c.Refused, c.DeadLetteredBefore)
 			t := totals[h]
 			if t == nil {
 				t = &replay.PairCounts{}
 				totals[h] = t
 			}
-			t.Applied, t.Skipped, t.Conflicts = t.Applied+c.Applied, t.Skipped+c.Skipped, t.Conflicts+c.Conflicts
+			t.Add(*c)
 		}
 	}
 	if len(plan.Partitions) > 0 {
 		for _, h := range handlerOrder(plan.Partitions[0]) {
 			t := totals[h]
-			fmt.Fprintf(tw, "total\t\t\t\t%d\t\t%s\t%d\t%d\t%d\n", records, h, t.Applied, t.Skipped, t.Conflicts)
+			fmt.Fprintf(tw, "total\t\t\t\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", records, undecodable, h,
+				t.Applied, t.Skipped, t.Conflicts, t.Refused, t.DeadLetteredBefore)
 		}
 	}
 	tw.Flush()
+	fmt.Fprint(w, `UNDECODABLE, CONFLICT, REFUSED: dead letters (not written again where recorded before).
+DL-BEFORE: dead-lettered by a handler on an earlier read; its handlers run on it again.
+APPLY and DL-BEFORE assume each handler answers as before: whether it refuses an event now
+(a RejectError, a data error) is only known by running it.
+`)
 }
 
 // handlerOrder lists a counted partition's handlers in a stable order.
