@@ -41,6 +41,7 @@ committing; Postgres keeps what committed, and the next owner resumes there.`,
 // second signal that aborts. The pipeline waits for Postgres (then
 // migrates) and for the brokers as long as it takes, and /readyz names
 // what it waits for; run returns early only on configuration errors.
+// A second signal's abort returns an exitError (128 + the signal).
 func (a *app) run(ctx context.Context) (err error) {
 	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
@@ -90,8 +91,8 @@ func (a *app) run(ctx context.Context) (err error) {
 		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
 	}
 	stop := abortOnSecondSignal(ctx, a.log, p.Abort)
-	defer stop()
-	return p.Run(ctx)
+	err = p.Run(ctx)
+	return errors.Join(err, stop())
 }
 
 // stopServer stops srv within 5s, also when ctx has ended.
