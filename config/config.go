@@ -148,7 +148,7 @@ var defaults = map[string]any{
 	"kafka.topics":                         []string{"orders"},
 	"kafka.group":                          "onceflow",
 	"kafka.client_id":                      processor.DefaultClientID,
-	"kafka.dead_letter_topic":              "orders.dlq",
+	"kafka.dead_letter_topic":              "", // none: dead letters in the table only; a topic named must exist
 	"kafka.session_timeout":                processor.DefaultSessionTimeout,
 	"kafka.rebalance_timeout":              processor.DefaultRebalanceTimeout,
 	"kafka.commit_interval":                processor.DefaultCommitInterval,

@@ -32,6 +32,20 @@ func TestLoadDefaultsAreValid(t *testing.T) {
 	}
 }
 
+// No dead-letter topic unless one is named: a default topic fits only the
+// topic it was named after (orders.dlq did not exist for a config of
+// payments), so by default dead letters stay in the dead_letters table.
+func TestDeadLetterTopicDefaultIsNone(t *testing.T) {
+	file := writeFile(t, "kafka:\n  topics: [payments]\n")
+	cfg, err := Load(file, nil, nil, handlers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Kafka.DeadLetterTopic; got != "" {
+		t.Errorf("kafka.dead_letter_topic = %q for topics [payments] and no key, want \"\" (the table only)", got)
+	}
+}
+
 // Without a program's default, handlers is empty, which is invalid; a
 // default for a key that does not exist is a problem too.
 func TestLoadDefaults(t *testing.T) {

@@ -80,7 +80,10 @@ type Env struct {
 	Writer   sink.Config
 	LRUSize  int
 	// Handlers are the names of Writer.Handlers, which Check verifies.
-	Handlers        []string
+	Handlers []string
+	// DeadLetterTopic, when set, is created in the embedded Kafka and
+	// receives the dead letters' copies; empty, they stay in the
+	// dead_letters table only.
 	DeadLetterTopic string
 	ProducerOptions []kgo.Opt // for the demo's producer (tracing)
 	// Started, if set, sees each member's consumer and cache (metrics).
@@ -106,8 +109,12 @@ func Run(ctx context.Context, env Env, o Options) (Summary, error) {
 		return Summary{}, err
 	}
 	topic := env.Consumer.Topics[0]
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.Partitions), topic),
-		kfake.SeedTopics(1, env.DeadLetterTopic), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	kopts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(int32(o.Partitions), topic),
+		kfake.GroupMinSessionTimeout(100 * time.Millisecond)}
+	if env.DeadLetterTopic != "" {
+		kopts = append(kopts, kfake.SeedTopics(1, env.DeadLetterTopic))
+	}
+	cluster, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return Summary{}, fmt.Errorf("embedded kafka: %w", err)
 	}

@@ -161,7 +161,8 @@ type tp struct {
 type partition struct {
 	w        *worker   // nil while fenced (waiting to take it again) or paused out of range
 	retakeAt time.Time // when w is nil after a fence: when to take the partition again
-	hw       int64     // high watermark at the last fetch, -1 before
+	hw       int64     // high watermark at the last fetch, else at assignment; -1 when unknown
+	start    int64     // log start at assignment: where a worker with no next offset starts
 }
 
 // New validates cfg and returns a Consumer. Every problem is reported.
@@ -247,14 +248,19 @@ func (c *Consumer) Ready() error {
 }
 
 // PartitionLag is how far one assigned partition's worker is behind the
-// partition's high watermark, as of the last fetch.
+// partition's high watermark, as of the last fetch that brought records,
+// or else as of the assignment: a partition with nothing to read has lag
+// 0.
 type PartitionLag struct {
 	Topic     string
 	Partition int32
 	Lag       int64
 }
 
-// Lag returns the lag of every partition assigned now that has a worker.
+// Lag returns the lag of every partition assigned now that has a worker
+// and a known high watermark (unknown only when the brokers did not give
+// the log's bounds at assignment and no records came since). A partition
+// revoked or lost is no longer in it.
 func (c *Consumer) Lag() []PartitionLag {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -263,7 +269,11 @@ func (c *Consumer) Lag() []PartitionLag {
 		if p.w == nil || p.hw < 0 {
 			continue
 		}
-		out = append(out, PartitionLag{Topic: k.topic, Partition: k.partition, Lag: max(0, p.hw-p.w.next.Load())})
+		next := p.w.next.Load()
+		if next < 0 { // nothing read yet: the worker starts at the log start
+			next = p.start
+		}
+		out = append(out, PartitionLag{Topic: k.topic, Partition: k.partition, Lag: max(0, p.hw-next)})
 	}
 	return out
 }
@@ -565,6 +575,9 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	part := &partition{hw: -1}
+	if b.known {
+		part.hw, part.start = b.end, b.start
+	}
 	c.parts[k] = part
 	c.stats.assigned.Add(1)
 	if paused {

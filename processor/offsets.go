@@ -18,18 +18,17 @@ type logBounds struct {
 	known      bool
 }
 
-// logBounds returns the log bounds of the partitions of topic that have a
-// stored offset, to check the offsets against. Brokers that do not answer
-// within a few attempts leave the bounds unknown (and the check undone),
-// with a warning.
+// logBounds returns the log bounds of the partitions of topic: stored
+// offsets are checked against them, and the high watermark is the lag's
+// until a fetch brings records (an empty or caught-up partition's lag is
+// then 0, not unknown). Brokers that do not answer within a few attempts
+// leave the bounds unknown (and the check undone), with a warning when an
+// offset was stored.
 func (c *Consumer) logBounds(ctx context.Context, topic string, leases map[int32]sink.Lease) map[int32]logBounds {
 	out := map[int32]logBounds{}
 	stored := false
 	for _, l := range leases {
 		stored = stored || l.NextOffset >= 0
-	}
-	if !stored {
-		return out
 	}
 	adm := kadm.NewClient(c.cl)
 	var err error
@@ -63,7 +62,9 @@ func (c *Consumer) logBounds(ctx context.Context, topic string, leases map[int32
 		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
 		}
 	}
-	c.log.Warn("list the partitions' log bounds; stored offsets are not checked against them", "topic", topic, "err", err)
+	if stored {
+		c.log.Warn("list the partitions' log bounds; stored offsets are not checked against them", "topic", topic, "err", err)
+	}
 	return out
 }
 

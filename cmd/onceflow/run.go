@@ -41,6 +41,7 @@ committing; Postgres keeps what committed, and the next owner resumes there.`,
 // second signal that aborts. The pipeline waits for Postgres (then
 // migrates) and for the brokers as long as it takes, and /readyz names
 // what it waits for; run returns early only on configuration errors.
+// A second signal's abort returns an exitError (128 + the signal).
 func (a *app) run(ctx context.Context) (err error) {
 	shutdownTracing, err := a.startTracing(ctx)
 	if err != nil {
@@ -59,9 +60,11 @@ func (a *app) run(ctx context.Context) (err error) {
 	m := metrics.New()
 	cfg := a.pipelineConfig(pool, hs, m)
 	// Once Postgres is ready and migrated: sql_handlers checked against
-	// the tables, then the brokers — a statement Postgres refuses, a
-	// refused SASL login or an untrusted certificate ends run at once,
-	// naming the handler or the keys to check.
+	// the tables, then the brokers, then the dead-letter topic — a
+	// statement Postgres refuses, an address where something other than
+	// Kafka answers, a refused SASL login, an untrusted certificate or a
+	// dead-letter topic the brokers do not have ends run at once, naming
+	// the handler or the keys to check.
 	var waitingKafka atomic.Bool
 	cfg.BeforeConsume = func(ctx context.Context) error {
 		if err := a.checkSQLHandlers(ctx, pool); err != nil {
@@ -69,7 +72,10 @@ func (a *app) run(ctx context.Context) (err error) {
 		}
 		waitingKafka.Store(true)
 		defer waitingKafka.Store(false)
-		return a.whenKafka(ctx, a.cfg.Kafka.Brokers)
+		if err := a.whenKafka(ctx, a.cfg.Kafka.Brokers); err != nil {
+			return err
+		}
+		return a.checkDeadLetterTopic(ctx, a.cfg.Kafka.Brokers)
 	}
 	p, err := pipeline.New(cfg)
 	if err != nil {
@@ -90,8 +96,8 @@ func (a *app) run(ctx context.Context) (err error) {
 		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
 	}
 	stop := abortOnSecondSignal(ctx, a.log, p.Abort)
-	defer stop()
-	return p.Run(ctx)
+	err = p.Run(ctx)
+	return errors.Join(err, stop())
 }
 
 // stopServer stops srv within 5s, also when ctx has ended.

@@ -9,10 +9,12 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/onceflow/onceflow/pipeline"
 
+	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -27,36 +29,66 @@ func (a *app) kafkaOptions(clientID string) []kgo.Opt {
 
 // whenKafka returns once brokers answer a ping over kafka.tls and
 // kafka.sasl, waiting with capped backoff while they are down, and logging
-// that it waits. What waiting cannot cure — SASL authentication refused,
-// a mechanism the broker does not enable, a certificate not trusted, a
-// handshake refused — is returned at once, naming the keys to check; so is
-// ctx's end.
+// that it waits. What waiting cannot cure — an address where something
+// other than Kafka answers (PostgreSQL, an HTTP server), SASL
+// authentication refused, a mechanism the broker does not enable, a
+// certificate not trusted, a handshake refused — is returned at once,
+// naming kafka.brokers, the address and the keys to check; so is ctx's
+// end.
+//
+// Each address is pinged on its own: franz-go's Ping stops at the first
+// seed that answers, and a seed that is not Kafka must be found whichever
+// place it has in the list. One address answering is enough to go on;
+// the others may be down.
 func (a *app) whenKafka(ctx context.Context, brokers []string) error {
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(a.cfg.Kafka.ClientID + "-check"),
-		kgo.RequestRetries(0)}, a.kafkaSecurity...)...)
-	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
+	cls := make([]*kgo.Client, len(brokers))
+	for i, addr := range brokers {
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addr), kgo.ClientID(a.cfg.Kafka.ClientID + "-check"),
+			kgo.RequestRetries(0)}, a.kafkaSecurity...)...)
+		if err != nil {
+			return fmt.Errorf("kafka client: %w", err)
+		}
+		defer cl.Close()
+		cls[i] = cl
 	}
-	defer cl.Close()
 	backoff := 200 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := cl.Ping(pctx)
-		cancel()
-		switch {
-		case err == nil:
+		errs := make([]error, len(cls))
+		var wg sync.WaitGroup
+		for i, cl := range cls {
+			wg.Go(func() {
+				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				errs[i] = cl.Ping(pctx)
+			})
+		}
+		wg.Wait()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		answered := false
+		var down []string
+		for i, err := range errs {
+			if err == nil {
+				answered = true
+				continue
+			}
+			switch why := a.kafkaMisconfigured(err); {
+			case strings.HasPrefix(why, whyNotKafka):
+				return fmt.Errorf("kafka.brokers: %s: %s", brokers[i], why)
+			case why != "":
+				return fmt.Errorf("kafka brokers %v: %s", brokers, why)
+			}
+			down = append(down, brokers[i]+": "+a.redactKafka(err.Error()))
+		}
+		if answered {
 			if attempt > 1 {
 				a.log.Info("kafka brokers answer", "brokers", brokers)
 			}
 			return nil
-		case ctx.Err() != nil:
-			return ctx.Err()
-		}
-		if why := a.kafkaMisconfigured(err); why != "" {
-			return fmt.Errorf("kafka brokers %v: %s", brokers, why)
 		}
 		a.log.Warn("waiting for the kafka brokers", "brokers", brokers, "attempt", attempt, "retry_in", backoff,
-			"err", a.redactKafka(err.Error()))
+			"err", strings.Join(down, "; "))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -81,6 +113,26 @@ func (a *app) pingKafka(ctx context.Context, cl *kgo.Client) error {
 	}
 	return fmt.Errorf("kafka brokers %v do not answer: %s", a.cfg.Kafka.Brokers, a.redactKafka(err.Error()))
 }
+
+// notKafka reports whether err, from a request to one address, says that
+// the peer answered with bytes that are no Kafka response: a frame size
+// no Kafka response has (PostgreSQL's "E", HTTP's "HTTP", SSH's banner),
+// a response to another request, or one too short to be any. A broker
+// that is down, restarting or slow closes or refuses the connection, or
+// does not answer: those are not it. (A TLS alert is kafkaMisconfigured's
+// own case, tried first.)
+//
+// franz-go's errors for these are not exported: they are told by their
+// messages.
+func notKafka(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "invalid large response size") || strings.Contains(msg, "invalid negative response size") ||
+		strings.Contains(msg, "correlation ID mismatch") || errors.Is(err, kbin.ErrNotEnoughData)
+}
+
+// whyNotKafka is what kafkaMisconfigured says of a peer that is not Kafka.
+const whyNotKafka = "what answers on this address does not speak the Kafka protocol " +
+	"(another service's port, such as PostgreSQL or an HTTP server? check kafka.brokers)"
 
 // kafkaMisconfigured says which settings to check when err is a
 // configuration error that waiting does not cure, or "" when it may be.
@@ -107,6 +159,8 @@ func (a *app) kafkaMisconfigured(err error) string {
 		// "is SASL missing?" is only a guess at a closed connection, which
 		// a restarting broker also gives: that one is waited for.)
 		why = "TLS: the broker speaks TLS on this address (kafka.tls.enabled)"
+	case notKafka(err):
+		why = whyNotKafka
 	default:
 		return ""
 	}

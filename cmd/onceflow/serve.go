@@ -110,6 +110,9 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 	if err := a.whenKafka(ctx, brokers); err != nil {
 		return nil, err
 	}
+	if err := a.checkDeadLetterTopic(ctx, brokers); err != nil {
+		return nil, err
+	}
 	m := metrics.New()
 	consumer, err := a.serveConsumer(pool, brokers, m)
 	if err != nil {
@@ -150,8 +153,11 @@ func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
 	// The embedded Kafka speaks plaintext: kafka.tls and kafka.sasl are for
 	// kafka.brokers.
 	a.kafkaSecurity = nil
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(max(o.partitions, 1)), a.cfg.Kafka.Topics...),
-		kfake.SeedTopics(1, a.cfg.Kafka.DeadLetterTopic))
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(int32(max(o.partitions, 1)), a.cfg.Kafka.Topics...)}
+	if dlq := a.cfg.Kafka.DeadLetterTopic; dlq != "" {
+		opts = append(opts, kfake.SeedTopics(1, dlq))
+	}
+	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("embedded kafka: %w", err)
 	}

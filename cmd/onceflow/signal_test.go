@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +42,8 @@ func (e *buildError) Error() string { return "go build: " + e.err.Error() + "\n"
 
 // A SIGTERM drains within drain_timeout; a second SIGTERM during the drain
 // ends the process at once, without committing the batch in flight (here
-// held by a lock on a handler's table): nothing of it is in Postgres.
+// held by a lock on a handler's table): nothing of it is in Postgres, and
+// the exit status says the run was aborted (128 + the signal's number).
 func TestSecondSignalAbortsTheDrain(t *testing.T) {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
@@ -106,7 +108,16 @@ WHERE wait_event_type = 'Lock' AND query ILIKE '%emails_sent%'`).Scan(&n)
 		t.Fatal(err)
 	}
 	select {
-	case <-exited:
+	case err := <-exited:
+		// An abort is not a clean stop: a supervisor must see it failed.
+		var exit *exec.ExitError
+		switch {
+		case !errors.As(err, &exit):
+			t.Errorf("run after the second SIGTERM: %v, want a non-zero exit status\n%s", err, out.String())
+		case exit.ExitCode() != 128+int(syscall.SIGTERM):
+			t.Errorf("run exited with status %d after the second SIGTERM, want %d (128 + SIGTERM)\n%s",
+				exit.ExitCode(), 128+int(syscall.SIGTERM), out.String())
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("run still running 10s after the second SIGTERM\n%s", out.String())
 	}
