@@ -107,7 +107,7 @@ sql_handlers:
 
 				logs := stderr.String()
 				// The bad record's own warnings, and nothing else.
-				expected := []string{"batch failed on a data error; isolating", "dead letter: the event cannot be applied"}
+				expected := []string{"batch failed on a data error; isolating", "dead letter recorded"}
 				for _, line := range strings.Split(logs, "\n") {
 					if (strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR")) &&
 						!slices.ContainsFunc(expected, func(e string) bool { return strings.Contains(line, e) }) {
