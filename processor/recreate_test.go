@@ -1,0 +1,189 @@
+package processor_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/sink/sinktest"
+	"github.com/onceflow/onceflow/wire"
+)
+
+// A consumed topic deleted and created again under the same name while a
+// group's members run is consumed again by the same members, without a
+// restart: each takes the new topic's partitions from their start (its
+// offsets start again from 0, below what Postgres and Kafka stored for
+// the old one), more partitions than before included, and applies every
+// record of the new topic once. Whether the members saw the topic
+// missing before it came back or not, none stops, and the offsets stored
+// carry the new topic's id. (franz-go keeps a topic's first id and fails
+// every fetch of the new one with UNKNOWN_TOPIC_ID until the topic is
+// purged from the client and added again: the members consumed nothing
+// more until restarted.)
+func TestRecreatedTopicIsConsumed(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		seenMissing bool // the members said the topic missing before it came back
+	}{
+		{name: "at-once"},
+		{name: "after-missing", seenMissing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBroker(t, func(t *testing.T, b broker) {
+				e := newEnv(t, b, 2)
+				logs := &logRecorder{}
+				var ms []*member
+				for _, name := range []string{"recreate-a", "recreate-b"} {
+					cfg := e.config(name)
+					if cfg.Logger != nil { // ONCEFLOW_TEST_LOG
+						cfg.Logger = slog.New(slog.NewMultiHandler(logs, cfg.Logger.Handler()))
+					} else {
+						cfg.Logger = slog.New(logs)
+					}
+					ms = append(ms, e.start(cfg, e.writer(100)))
+				}
+				before, err := orders.Generate(60, 0, 11)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.producePartitions(before.Messages, 2)
+				e.waitProcessed(60, 60*time.Second)
+				oldID := e.topicID()
+
+				e.deleteTopic()
+				if tc.seenMissing {
+					waitLogged(t, logs, slog.LevelWarn, "does not exist", 30*time.Second)
+				}
+				e.createTopicAgain(3)
+				newID := e.topicID()
+				if newID == oldID {
+					t.Fatalf("the recreated topic has the old topic's id %v", oldID)
+				}
+
+				after, err := orders.Generate(60, 0, 12)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.producePartitions(after.Messages, 3)
+				e.waitProcessed(120, 90*time.Second)
+				want := maps.Clone(before.Unique)
+				maps.Copy(want, after.Unique)
+				e.checkExactlyOnce(want)
+
+				// Each partition of the new topic stored its log end (20)
+				// under the new id: it was read from its start.
+				deadline := time.Now().Add(30 * time.Second)
+				for {
+					n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.sink_offsets
+WHERE consumer_group = '`+e.group+`' AND topic = '`+e.topic+`' AND next_offset = 20 AND topic_id = '`+newID.String()+`'`)
+					if n == 3 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%d partitions of the new topic stored offset 20 under its id, want 3", n)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				for _, m := range ms {
+					m.stop(t)
+				}
+			})
+		})
+	}
+}
+
+// producePartitions publishes msgs round-robin over the topic's first n
+// partitions, synchronously.
+func (e *env) producePartitions(msgs []orders.Message, n int32) {
+	e.t.Helper()
+	cl := e.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	recs := make([]*kgo.Record, len(msgs))
+	for i, m := range msgs {
+		recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
+		recs[i].Partition = int32(i) % n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		e.t.Fatalf("produce: %v", err)
+	}
+}
+
+// topicID is the consumed topic's Kafka id now, once every broker asked
+// knows it (a topic just created may be unknown to some for a moment).
+func (e *env) topicID() uuid.UUID {
+	e.t.Helper()
+	adm := kadm.NewClient(e.client())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		details, err := adm.ListTopics(ctx, e.topic)
+		if err == nil {
+			err = details.Error()
+		}
+		if err == nil {
+			return uuid.UUID(details[e.topic].ID)
+		}
+		if ctx.Err() != nil {
+			e.t.Fatalf("topic id of %s: %v", e.topic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// deleteTopic deletes the consumed topic and waits until the brokers no
+// longer list it.
+func (e *env) deleteTopic() {
+	e.t.Helper()
+	adm := kadm.NewClient(e.client())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp, err := adm.DeleteTopics(ctx, e.topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		e.t.Fatalf("delete topic %s: %v", e.topic, err)
+	}
+	for {
+		details, err := adm.ListTopics(ctx, e.topic)
+		if err == nil && !details.Has(e.topic) {
+			return
+		}
+		if ctx.Err() != nil {
+			e.t.Fatalf("topic %s still listed 60s after its deletion", e.topic)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// createTopicAgain creates the consumed topic with partitions, retrying
+// while the brokers still finish deleting it.
+func (e *env) createTopicAgain(partitions int32) {
+	e.t.Helper()
+	adm := kadm.NewClient(e.client())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		resp, err := adm.CreateTopic(ctx, partitions, 1, nil, e.topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil || !(errors.Is(err, kerr.TopicAlreadyExists) || kerr.IsRetriable(err)) {
+			e.t.Fatalf("create topic %s again: %v", e.topic, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
