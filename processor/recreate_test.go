@@ -24,8 +24,10 @@ import (
 // offsets start again from 0, below what Postgres and Kafka stored for
 // the old one), more partitions than before included, and applies every
 // record of the new topic once. Whether the members saw the topic
-// missing before it came back or not, none stops, and the offsets stored
-// carry the new topic's id. (franz-go keeps a topic's first id and fails
+// missing before it came back or not, or even purged it while it was
+// missing, none stops, and the offsets stored carry the new topic's id.
+// A poison record of the new topic at the offset of one of the old
+// topic's is a dead letter of its own. (franz-go keeps a topic's first id and fails
 // every fetch of the new one with UNKNOWN_TOPIC_ID until the topic is
 // purged from the client and added again: the members consumed nothing
 // more until restarted.)
@@ -33,9 +35,11 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		seenMissing bool // the members said the topic missing before it came back
+		readded     bool // and purged it from their client
 	}{
 		{name: "at-once"},
 		{name: "after-missing", seenMissing: true},
+		{name: "readded-while-missing", seenMissing: true, readded: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBroker(t, func(t *testing.T, b broker) {
@@ -55,13 +59,16 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				e.producePartitions(before.Messages, 2)
+				e.producePartitions(before.Messages, 2, true)
 				e.waitProcessed(60, 60*time.Second)
 				oldID := e.topicID()
 
 				e.deleteTopic()
 				if tc.seenMissing {
 					waitLogged(t, logs, slog.LevelWarn, "does not exist", 30*time.Second)
+				}
+				if tc.readded {
+					waitLogged(t, logs, slog.LevelWarn, "consumed topic deleted", 60*time.Second)
 				}
 				e.createTopicAgain(3)
 				newID := e.topicID()
@@ -73,25 +80,33 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				e.producePartitions(after.Messages, 3)
+				e.producePartitions(after.Messages, 3, true)
 				e.waitProcessed(120, 90*time.Second)
 				want := maps.Clone(before.Unique)
 				maps.Copy(want, after.Unique)
 				e.checkExactlyOnce(want)
 
-				// Each partition of the new topic stored its log end (20)
+				// Each partition of the new topic stored its log end (21)
 				// under the new id: it was read from its start.
 				deadline := time.Now().Add(30 * time.Second)
 				for {
 					n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.sink_offsets
-WHERE consumer_group = '`+e.group+`' AND topic = '`+e.topic+`' AND next_offset = 20 AND topic_id = '`+newID.String()+`'`)
+WHERE consumer_group = '`+e.group+`' AND topic = '`+e.topic+`' AND next_offset = 21 AND topic_id = '`+newID.String()+`'`)
 					if n == 3 {
 						break
 					}
 					if time.Now().After(deadline) {
-						t.Fatalf("%d partitions of the new topic stored offset 20 under its id, want 3", n)
+						t.Fatalf("%d partitions of the new topic stored offset 21 under its id, want 3", n)
 					}
 					time.Sleep(100 * time.Millisecond)
+				}
+				// The poison records at partition 0, offset 0: one dead letter
+				// per topic id.
+				for _, id := range []uuid.UUID{oldID, newID} {
+					if n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.dead_letters
+WHERE topic = '`+e.topic+`' AND partition = 0 AND "offset" = 0 AND topic_id = '`+id.String()+`'`); n != 1 {
+						t.Errorf("dead letters at partition 0, offset 0 under topic id %v = %d, want 1", id, n)
+					}
 				}
 				for _, m := range ms {
 					m.stop(t)
@@ -102,14 +117,23 @@ WHERE consumer_group = '`+e.group+`' AND topic = '`+e.topic+`' AND next_offset =
 }
 
 // producePartitions publishes msgs round-robin over the topic's first n
-// partitions, synchronously.
-func (e *env) producePartitions(msgs []orders.Message, n int32) {
+// partitions, synchronously; with poison, each partition's first record
+// is one that cannot be decoded (its value is not JSON).
+func (e *env) producePartitions(msgs []orders.Message, n int32, poison bool) {
 	e.t.Helper()
 	cl := e.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	recs := make([]*kgo.Record, len(msgs))
+	var recs []*kgo.Record
+	for p := range n {
+		if poison {
+			r := wire.NewRecord(e.topic, uuid.New(), []byte("{not json"))
+			r.Partition = p
+			recs = append(recs, r)
+		}
+	}
 	for i, m := range msgs {
-		recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
-		recs[i].Partition = int32(i) % n
+		r := wire.NewRecord(e.topic, m.ID, m.Value)
+		r.Partition = int32(i) % n
+		recs = append(recs, r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
