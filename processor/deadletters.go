@@ -21,6 +21,10 @@ const (
 	HeaderPartition    = "partition"
 	HeaderOffset       = "offset"
 	HeaderValueOmitted = "value_omitted"
+	// HeaderTopicID is the Kafka topic id of the record's topic, when
+	// known: it tells apart the dead letters of a topic deleted and
+	// recreated under the same name, whose offsets start again from 0.
+	HeaderTopicID = "topic_id"
 )
 
 const (
@@ -73,7 +77,7 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 	}
 	recs := make([]*kgo.Record, len(pending))
 	for i, d := range pending {
-		recs[i] = c.deadLetterRecord(d.DeadLetter, true)
+		recs[i] = c.deadLetterRecord(d, true)
 	}
 	results := wire.Produce(ctx, cl, recs, c.cfg.ProduceTimeout)
 	var ids []int64
@@ -88,7 +92,7 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 			note := fmt.Sprintf("published without its value: %d bytes are too large for the dead-letter topic "+
 				"(the topic's max.message.bytes, or the producer's maximum record batch, franz-go's ProducerBatchMaxBytes, 1000012 bytes by default): %v",
 				len(d.Value), perr)
-			rec := c.deadLetterRecord(d.DeadLetter, false)
+			rec := c.deadLetterRecord(d, false)
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderValueOmitted, Value: []byte(note)})
 			if err := wire.Produce(ctx, cl, []*kgo.Record{rec}, c.cfg.ProduceTimeout)[0]; err != nil {
 				failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d without its value: %w", d.Topic, d.Partition, d.Offset, err))
@@ -111,7 +115,7 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 }
 
 // deadLetterRecord is the dead-letter topic's copy of d.
-func (c *Consumer) deadLetterRecord(d sink.DeadLetter, withValue bool) *kgo.Record {
+func (c *Consumer) deadLetterRecord(d sink.PendingDeadLetter, withValue bool) *kgo.Record {
 	r := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: d.Key, Headers: []kgo.RecordHeader{
 		{Key: HeaderReason, Value: []byte(d.Reason)},
 		{Key: HeaderTopic, Value: []byte(d.Topic)},
@@ -123,6 +127,9 @@ func (c *Consumer) deadLetterRecord(d sink.DeadLetter, withValue bool) *kgo.Reco
 	}
 	if d.EventID.Valid {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderEventID, Value: []byte(d.EventID.UUID.String())})
+	}
+	if d.TopicID.Valid {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderTopicID, Value: []byte(d.TopicID.UUID.String())})
 	}
 	return r
 }
