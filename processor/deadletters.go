@@ -83,9 +83,13 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 	var ids []int64
 	var notes []string
 	var failed error
+	recreated := false
 	for i, perr := range results {
 		d := pending[i]
 		switch {
+		case errors.Is(perr, kerr.UnknownTopicID):
+			recreated = true
+			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		case perr == nil:
 			ids, notes = append(ids, d.ID), append(notes, "")
 		case tooLarge(perr):
@@ -104,6 +108,16 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 		default:
 			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		}
+	}
+	if recreated {
+		// franz-go keeps a topic's first id for the client's life and
+		// fails every produce to a topic recreated under the same name
+		// until the topic is purged from producing; then it learns the
+		// new one. The copies refused are published again when their
+		// lease ends.
+		c.log.Warn("dead-letter topic deleted, perhaps recreated under the same name (its topic id is unknown to the brokers): "+
+			"the client forgets it and learns it again", "dead_letter_topic", c.cfg.DeadLetterTopic)
+		cl.PurgeTopicsFromProducing(c.cfg.DeadLetterTopic)
 	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CallTimeout)
 	defer cancel()

@@ -63,14 +63,14 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 				e.waitProcessed(60, 60*time.Second)
 				oldID := e.topicID()
 
-				e.deleteTopic()
+				e.deleteTopic(e.topic)
 				if tc.seenMissing {
 					waitLogged(t, logs, slog.LevelWarn, "does not exist", 30*time.Second)
 				}
 				if tc.readded {
 					waitLogged(t, logs, slog.LevelWarn, "consumed topic deleted", 60*time.Second)
 				}
-				e.createTopicAgain(3)
+				e.createTopicAgain(e.topic, 3)
 				newID := e.topicID()
 				if newID == oldID {
 					t.Fatalf("the recreated topic has the old topic's id %v", oldID)
@@ -164,41 +164,41 @@ func (e *env) topicID() uuid.UUID {
 	}
 }
 
-// deleteTopic deletes the consumed topic and waits until the brokers no
-// longer list it.
-func (e *env) deleteTopic() {
+// deleteTopic deletes topic and waits until the brokers no longer list
+// it.
+func (e *env) deleteTopic(topic string) {
 	e.t.Helper()
 	adm := kadm.NewClient(e.client())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	resp, err := adm.DeleteTopics(ctx, e.topic)
+	resp, err := adm.DeleteTopics(ctx, topic)
 	if err == nil {
 		err = resp.Error()
 	}
 	if err != nil {
-		e.t.Fatalf("delete topic %s: %v", e.topic, err)
+		e.t.Fatalf("delete topic %s: %v", topic, err)
 	}
 	for {
-		details, err := adm.ListTopics(ctx, e.topic)
-		if err == nil && !details.Has(e.topic) {
+		details, err := adm.ListTopics(ctx, topic)
+		if err == nil && !details.Has(topic) {
 			return
 		}
 		if ctx.Err() != nil {
-			e.t.Fatalf("topic %s still listed 60s after its deletion", e.topic)
+			e.t.Fatalf("topic %s still listed 60s after its deletion", topic)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-// createTopicAgain creates the consumed topic with partitions, retrying
-// while the brokers still finish deleting it.
-func (e *env) createTopicAgain(partitions int32) {
+// createTopicAgain creates topic with partitions, retrying while the
+// brokers still finish deleting it.
+func (e *env) createTopicAgain(topic string, partitions int32) {
 	e.t.Helper()
 	adm := kadm.NewClient(e.client())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for {
-		resp, err := adm.CreateTopic(ctx, partitions, 1, nil, e.topic)
+		resp, err := adm.CreateTopic(ctx, partitions, 1, nil, topic)
 		if err == nil {
 			err = resp.Err
 		}
@@ -206,8 +206,47 @@ func (e *env) createTopicAgain(partitions int32) {
 			return
 		}
 		if ctx.Err() != nil || !(errors.Is(err, kerr.TopicAlreadyExists) || kerr.IsRetriable(err)) {
-			e.t.Fatalf("create topic %s again: %v", e.topic, err)
+			e.t.Fatalf("create topic %s again: %v", topic, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// A dead-letter topic deleted and created again while a member runs gets
+// the dead letters written after: the member's client, which franz-go
+// keeps on the old topic id (every produce to the new topic failed with
+// UNKNOWN_TOPIC_ID), learns the new one, and no row stays unpublished.
+func TestRecreatedDeadLetterTopicIsPublished(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		cfg := e.config("recreate-dlq")
+		cfg.ProduceTimeout, cfg.CallTimeout = 2*time.Second, 2*time.Second // a failed copy is leased again 6s later
+		e.start(cfg, e.writer(0))
+		published := func(n int64) {
+			t.Helper()
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				got := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.dead_letters WHERE published_at IS NOT NULL`)
+				if got >= n {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d dead letters published within 60s, want %d", got, n)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		e.produce(wire.NewRecord(e.topic, uuid.New(), []byte("{not json")))
+		published(1)
+
+		e.deleteTopic(e.dlq)
+		e.createTopicAgain(e.dlq, 1)
+		second := uuid.New()
+		e.produce(wire.NewRecord(e.topic, second, []byte("{not json either")))
+		published(2)
+		got := e.consumeAll(e.dlq, 1, 30*time.Second)
+		if len(got) != 1 || headers(got[0])["event_id"] != second.String() {
+			t.Errorf("the recreated dead-letter topic holds %d records (%v), want the second dead letter", len(got), got)
+		}
+	})
 }
