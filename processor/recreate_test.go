@@ -3,6 +3,7 @@ package processor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"testing"
@@ -34,12 +35,14 @@ import (
 func TestRecreatedTopicIsConsumed(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
-		seenMissing bool // the members said the topic missing before it came back
-		readded     bool // and purged it from their client
+		partitions  int32 // the new topic's; the old one has 2
+		seenMissing bool  // the members said the topic missing before it came back
+		readded     bool  // and purged it from their client
 	}{
-		{name: "at-once"},
-		{name: "after-missing", seenMissing: true},
-		{name: "readded-while-missing", seenMissing: true, readded: true},
+		{name: "at-once", partitions: 3},
+		{name: "fewer-partitions", partitions: 1},
+		{name: "after-missing", partitions: 3, seenMissing: true},
+		{name: "readded-while-missing", partitions: 3, seenMissing: true, readded: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBroker(t, func(t *testing.T, b broker) {
@@ -70,7 +73,7 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 				if tc.readded {
 					waitLogged(t, logs, slog.LevelWarn, "consumed topic deleted", 60*time.Second)
 				}
-				e.createTopicAgain(e.topic, 3)
+				e.createTopicAgain(e.topic, tc.partitions)
 				newID := e.topicID()
 				if newID == oldID {
 					t.Fatalf("the recreated topic has the old topic's id %v", oldID)
@@ -80,23 +83,24 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				e.producePartitions(after.Messages, 3, true)
+				e.producePartitions(after.Messages, tc.partitions, true)
 				e.waitProcessed(120, 90*time.Second)
 				want := maps.Clone(before.Unique)
 				maps.Copy(want, after.Unique)
 				e.checkExactlyOnce(want)
 
-				// Each partition of the new topic stored its log end (21)
-				// under the new id: it was read from its start.
+				// Each partition of the new topic stored its log end under
+				// the new id: it was read from its start.
+				end := fmt.Sprint(1 + 60/tc.partitions)
 				deadline := time.Now().Add(30 * time.Second)
 				for {
 					n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.sink_offsets
-WHERE consumer_group = '`+e.group+`' AND topic = '`+e.topic+`' AND next_offset = 21 AND topic_id = '`+newID.String()+`'`)
-					if n == 3 {
+WHERE consumer_group = '`+e.group+`' AND topic = '`+e.topic+`' AND next_offset = `+end+` AND topic_id = '`+newID.String()+`'`)
+					if n == int64(tc.partitions) {
 						break
 					}
 					if time.Now().After(deadline) {
-						t.Fatalf("%d partitions of the new topic stored offset 21 under its id, want 3", n)
+						t.Fatalf("%d partitions of the new topic stored offset %s under its id, want %d", n, end, tc.partitions)
 					}
 					time.Sleep(100 * time.Millisecond)
 				}
