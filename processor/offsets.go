@@ -82,6 +82,7 @@ func (c *Consumer) restartOffset(ctx context.Context, cl *kgo.Client, k tp, l si
 	case l.NextOffset >= 0 && !recreated:
 		return l.NextOffset, nil
 	case recreated:
+		c.stats.outOfRange.Add(1)
 		c.log.Error("stored offset is of a topic deleted since and recreated under the same name (its topic id changed from "+
 			l.TopicID.UUID.String()+" to "+id.UUID.String()+"); consuming from the log start",
 			"topic", k.topic, "partition", k.partition, "stored_offset", l.NextOffset)
