@@ -481,13 +481,16 @@ const readdEvery = 10 * time.Second
 // writing finishes (or is given up after DrainTimeout) under the old id
 // and the old lease — records of the old topic, harmless — and the
 // records queued behind it, which no member can read any more, are
-// dropped. No Kafka offset is committed for the old topic: committed by
-// name, it could land on the new one. When the group assigns the topic's
-// partitions again, adjust takes each with a new lease, and an offset
-// stored in Postgres under the old topic id starts the partition from its
+// dropped. readd commits no Kafka offset (a revoke would): an offset of
+// the old topic committed by name could land on the new one; franz-go
+// drops the old topic's marks once it has seen it recreated, and the
+// brokers refuse them for a deleted one. Whatever Kafka holds, the offset
+// stored in Postgres, with its topic id, decides: when the group assigns
+// the topic's partitions again, adjust takes each with a new lease, and
+// an offset stored under the old topic id starts the partition from its
 // log start, as any recreated topic's does; a partition with no stored
-// offset starts from the log start too, unless the group has an offset
-// committed for it in Kafka. Each topic is re-added at most once per
+// offset (one the old topic did not have) starts from the log start too,
+// unless the group has an offset committed for it in Kafka. Each topic is re-added at most once per
 // readdEvery. Called by the poll loop, before it allows a rebalance, so
 // stopping workers cannot race a revoke.
 func (c *Consumer) readd(cl *kgo.Client, gone []string, readdedAt map[string]time.Time) {

@@ -118,7 +118,7 @@
 //     brokers answer UNKNOWN_TOPIC_ID to every fetch by the old topic id,
 //     and franz-go adopts no new id on its own. The member stops the
 //     topic's workers as on a revoke (what is queued of the old topic is
-//     dropped; no Kafka offset is committed for it), purges the topic from
+//     dropped; no Kafka offset is committed then), purges the topic from
 //     its client and adds it again: a recreated topic is assigned again
 //     as new, and each of its partitions whose offset Postgres stored
 //     under the old topic id (sink.Lease.TopicID) starts from its log
