@@ -443,6 +443,7 @@ const pollWait = 500 * time.Millisecond
 // past its high water by one decompressed share ("Memory" in the package
 // doc).
 func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
+	readdedAt := map[string]time.Time{} // when each topic was last purged and added again
 	for {
 		pctx, cancel := context.WithTimeout(ctx, pollWait)
 		fetches := cl.PollFetches(pctx)
@@ -451,9 +452,13 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 			cl.AllowRebalance()
 			return
 		}
+		var gone []string // topics whose id the brokers no longer know
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return
+			}
+			if errors.Is(err, kerr.UnknownTopicID) && !slices.Contains(gone, topic) {
+				gone = append(gone, topic)
 			}
 			// Said once per repeatWindow per partition and error: a
 			// deleted or refused topic fails every poll.
@@ -463,8 +468,73 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 		})
 		fetches.EachPartition(c.route)
 		c.retakeDue(ctx, cl)
+		c.readd(cl, gone, readdedAt)
 		cl.AllowRebalance()
 	}
+}
+
+// readdEvery is how often, at most, one topic is purged from the client
+// and added again (readd): each time costs the group a rebalance, and the
+// fetches in flight as it happens may still fail with the old id.
+const readdEvery = 10 * time.Second
+
+// readd purges from the client, and adds again, each consumed topic of
+// gone: topics whose fetches fail with UNKNOWN_TOPIC_ID, which the brokers
+// answer once the topic the client knows (by its Kafka topic id) is
+// deleted — recreated under the same name or not yet. franz-go keeps a
+// topic's first id for the client's life and fails every fetch of a new
+// one until the topic is purged and added again; then it learns the
+// topic as new, by its name: a recreated topic is assigned again, and a
+// topic not yet recreated is waited for, as one not created yet is.
+//
+// First the topic's workers stop, as on a revoke: the batch each is
+// writing finishes (or is given up after DrainTimeout) under the old id
+// and the old lease — records of the old topic, harmless — and the
+// records queued behind it, which no member can read any more, are
+// dropped. readd commits no Kafka offset (a revoke would): an offset of
+// the old topic committed by name could land on the new one; franz-go
+// drops the old topic's marks once it has seen it recreated, and the
+// brokers refuse them for a deleted one. Whatever Kafka holds, the offset
+// stored in Postgres, with its topic id, decides: when the group assigns
+// the topic's partitions again, adjust takes each with a new lease, and
+// an offset stored under the old topic id starts the partition from its
+// log start, as any recreated topic's does; a partition with no stored
+// offset (one the old topic did not have) starts from the log start too,
+// unless the group has an offset committed for it in Kafka. Each topic is re-added at most once per
+// readdEvery. Called by the poll loop, before it allows a rebalance, so
+// stopping workers cannot race a revoke.
+func (c *Consumer) readd(cl *kgo.Client, gone []string, readdedAt map[string]time.Time) {
+	now := time.Now()
+	var topics []string
+	for _, topic := range gone {
+		if !slices.Contains(c.cfg.Topics, topic) || now.Sub(readdedAt[topic]) < readdEvery {
+			continue
+		}
+		readdedAt[topic] = now
+		topics = append(topics, topic)
+	}
+	if len(topics) == 0 {
+		return
+	}
+	stop := map[string][]int32{}
+	c.mu.Lock()
+	for k := range c.parts {
+		if slices.Contains(topics, k.topic) {
+			stop[k.topic] = append(stop[k.topic], k.partition)
+		}
+	}
+	for _, topic := range topics {
+		delete(c.topicIDs, topic)
+	}
+	c.mu.Unlock()
+	for _, topic := range topics {
+		c.log.Warn("consumed topic deleted, perhaps recreated under the same name (its topic id is unknown to the brokers): "+
+			"its partitions' workers stop, and the topic is consumed again as new, a recreated topic from its start",
+			"topic", topic, "partitions", stop[topic])
+	}
+	c.stats.revoked.Add(int64(c.stop(stop, c.aborting.Load())))
+	cl.PurgeTopicsFromClient(topics...)
+	cl.AddConsumeTopics(topics...)
 }
 
 // route hands one partition's fetched records to its worker.
@@ -517,6 +587,10 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 	for _, topic := range slices.Sorted(maps.Keys(offsets)) {
 		parts := offsets[topic]
 		ps := slices.Sorted(maps.Keys(parts))
+		// A topic purged and added again (readd) can be assigned again
+		// with no revoke between: a worker still running for one of
+		// these partitions stops first.
+		c.stats.revoked.Add(int64(c.stop(map[string][]int32{topic: ps}, c.aborting.Load())))
 		id := c.topicID(ctx, topic)
 		leases, err := c.take(ctx, topic, ps)
 		if err != nil {
@@ -590,21 +664,53 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 
 // topicID returns topic's Kafka topic id, remembering it for the workers
 // (they store it with each batch's offset); not Valid when the brokers do
-// not answer in time or have no topic ids.
+// not answer within a few attempts (a topic just recreated can be unknown
+// to some for a moment) or have no topic ids.
 func (c *Consumer) topicID(ctx context.Context, topic string) uuid.NullUUID {
-	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	defer cancel()
 	var id uuid.NullUUID
-	details, err := kadm.NewClient(c.cl).ListTopics(tctx, topic)
-	if d, ok := details[topic]; err == nil && ok && d.Err == nil && d.ID != (kadm.TopicID{}) {
-		id = uuid.NullUUID{UUID: uuid.UUID(d.ID), Valid: true}
-	} else {
+	var err error
+attempts:
+	for attempt := 1; ; attempt++ {
+		id, err = c.readTopicID(ctx, topic)
+		if id.Valid || errors.Is(err, errNoTopicIDs) || attempt == 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			break attempts
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
+	if !id.Valid {
 		c.log.Warn("read the topic's id; a topic recreated under the same name is only detected by its offsets", "topic", topic, "err", err)
 	}
 	c.mu.Lock()
 	c.topicIDs[topic] = id
 	c.mu.Unlock()
 	return id
+}
+
+// errNoTopicIDs: the brokers answer with no topic ids (Kafka before 2.8).
+var errNoTopicIDs = errors.New("the brokers have no topic ids")
+
+// readTopicID asks the brokers for topic's Kafka topic id, once.
+func (c *Consumer) readTopicID(ctx context.Context, topic string) (uuid.NullUUID, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	details, err := kadm.NewClient(c.cl).ListTopics(tctx, topic)
+	if err != nil {
+		return uuid.NullUUID{}, err
+	}
+	d, ok := details[topic]
+	switch {
+	case !ok:
+		return uuid.NullUUID{}, errors.New("not in the brokers' metadata")
+	case d.Err != nil:
+		return uuid.NullUUID{}, d.Err
+	case d.ID == (kadm.TopicID{}):
+		return uuid.NullUUID{}, errNoTopicIDs
+	}
+	return uuid.NullUUID{UUID: uuid.UUID(d.ID), Valid: true}, nil
 }
 
 // take takes partitions in Postgres, retrying with backoff until it

@@ -21,6 +21,10 @@ const (
 	HeaderPartition    = "partition"
 	HeaderOffset       = "offset"
 	HeaderValueOmitted = "value_omitted"
+	// HeaderTopicID is the Kafka topic id of the record's topic, when
+	// known: it tells apart the dead letters of a topic deleted and
+	// recreated under the same name, whose offsets start again from 0.
+	HeaderTopicID = "topic_id"
 )
 
 const (
@@ -73,22 +77,26 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 	}
 	recs := make([]*kgo.Record, len(pending))
 	for i, d := range pending {
-		recs[i] = c.deadLetterRecord(d.DeadLetter, true)
+		recs[i] = c.deadLetterRecord(d, true)
 	}
 	results := wire.Produce(ctx, cl, recs, c.cfg.ProduceTimeout)
 	var ids []int64
 	var notes []string
 	var failed error
+	recreated := false
 	for i, perr := range results {
 		d := pending[i]
 		switch {
+		case errors.Is(perr, kerr.UnknownTopicID):
+			recreated = true
+			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		case perr == nil:
 			ids, notes = append(ids, d.ID), append(notes, "")
 		case tooLarge(perr):
 			note := fmt.Sprintf("published without its value: %d bytes are too large for the dead-letter topic "+
 				"(the topic's max.message.bytes, or the producer's maximum record batch, franz-go's ProducerBatchMaxBytes, 1000012 bytes by default): %v",
 				len(d.Value), perr)
-			rec := c.deadLetterRecord(d.DeadLetter, false)
+			rec := c.deadLetterRecord(d, false)
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderValueOmitted, Value: []byte(note)})
 			if err := wire.Produce(ctx, cl, []*kgo.Record{rec}, c.cfg.ProduceTimeout)[0]; err != nil {
 				failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d without its value: %w", d.Topic, d.Partition, d.Offset, err))
@@ -101,6 +109,16 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		}
 	}
+	if recreated {
+		// franz-go keeps a topic's first id for the client's life and
+		// fails every produce to a topic recreated under the same name
+		// until the topic is purged from producing; then it learns the
+		// new one. The copies refused are published again when their
+		// lease ends.
+		c.log.Warn("dead-letter topic deleted, perhaps recreated under the same name (its topic id is unknown to the brokers): "+
+			"the client forgets it and learns it again", "dead_letter_topic", c.cfg.DeadLetterTopic)
+		cl.PurgeTopicsFromProducing(c.cfg.DeadLetterTopic)
+	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CallTimeout)
 	defer cancel()
 	if err := c.writer.MarkDeadLettersPublished(mctx, ids, notes); err != nil {
@@ -111,7 +129,7 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 }
 
 // deadLetterRecord is the dead-letter topic's copy of d.
-func (c *Consumer) deadLetterRecord(d sink.DeadLetter, withValue bool) *kgo.Record {
+func (c *Consumer) deadLetterRecord(d sink.PendingDeadLetter, withValue bool) *kgo.Record {
 	r := &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: d.Key, Headers: []kgo.RecordHeader{
 		{Key: HeaderReason, Value: []byte(d.Reason)},
 		{Key: HeaderTopic, Value: []byte(d.Topic)},
@@ -123,6 +141,9 @@ func (c *Consumer) deadLetterRecord(d sink.DeadLetter, withValue bool) *kgo.Reco
 	}
 	if d.EventID.Valid {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderEventID, Value: []byte(d.EventID.UUID.String())})
+	}
+	if d.TopicID.Valid {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderTopicID, Value: []byte(d.TopicID.UUID.String())})
 	}
 	return r
 }

@@ -113,7 +113,17 @@
 //   - fenced: the worker stops; if the member still owns the partition a
 //     session timeout later (by then a zombie that fenced it has learned
 //     from the group that it is one), it takes the partition again and
-//     starts from the stored offset.
+//     starts from the stored offset;
+//   - topic deleted (and perhaps recreated under the same name): the
+//     brokers answer UNKNOWN_TOPIC_ID to every fetch by the old topic id,
+//     and franz-go adopts no new id on its own. The member stops the
+//     topic's workers as on a revoke (what is queued of the old topic is
+//     dropped; no Kafka offset is committed then), purges the topic from
+//     its client and adds it again: a recreated topic is assigned again
+//     as new, and each of its partitions whose offset Postgres stored
+//     under the old topic id (sink.Lease.TopicID) starts from its log
+//     start; a topic not recreated yet is waited for, as a missing one.
+//     Each member of the group does so for the partitions it fetches.
 //
 // On context cancellation Run drains within DrainTimeout, commits, leaves
 // the group and returns; Abort ends it at once, as a crash would, and its

@@ -70,10 +70,24 @@ func (c *Consumer) logBounds(ctx context.Context, topic string, leases map[int32
 
 // restartOffset is where a partition taken again after a fence starts: the
 // offset stored in Postgres, else the group's committed offset in Kafka,
-// else the log start.
+// else the log start. An offset stored under another topic id than the
+// one the partition was assigned with (the topic deleted and recreated
+// since) is not an offset of the log there is: the partition starts from
+// its log start.
 func (c *Consumer) restartOffset(ctx context.Context, cl *kgo.Client, k tp, l sink.Lease) (int64, error) {
-	if l.NextOffset >= 0 {
+	c.mu.Lock()
+	id := c.topicIDs[k.topic]
+	c.mu.Unlock()
+	recreated := id.Valid && l.TopicID.Valid && id.UUID != l.TopicID.UUID
+	switch {
+	case l.NextOffset >= 0 && !recreated:
 		return l.NextOffset, nil
+	case recreated:
+		c.stats.outOfRange.Add(1)
+		c.log.Error("stored offset is of a topic deleted since and recreated under the same name (its topic id changed from "+
+			l.TopicID.UUID.String()+" to "+id.UUID.String()+"); consuming from the log start",
+			"topic", k.topic, "partition", k.partition, "stored_offset", l.NextOffset)
+		return c.logStart(ctx, cl, k)
 	}
 	adm := kadm.NewClient(cl)
 	committed, err := adm.FetchOffsetsForTopics(ctx, c.cfg.Group, k.topic)
@@ -83,7 +97,12 @@ func (c *Consumer) restartOffset(ctx context.Context, cl *kgo.Client, k tp, l si
 	if o, ok := committed.Lookup(k.topic, k.partition); ok && o.Err == nil && o.At >= 0 {
 		return o.At, nil
 	}
-	starts, err := adm.ListStartOffsets(ctx, k.topic)
+	return c.logStart(ctx, cl, k)
+}
+
+// logStart is partition k's log start offset.
+func (c *Consumer) logStart(ctx context.Context, cl *kgo.Client, k tp) (int64, error) {
+	starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, k.topic)
 	if err != nil {
 		return 0, fmt.Errorf("list start offsets: %w", err)
 	}

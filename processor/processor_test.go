@@ -290,6 +290,7 @@ func TestMixedStreamWithPoison(t *testing.T) {
 			}
 		}
 		// The dead-letter topic has the same records, with their provenance.
+		topicID := e.topicID().String()
 		cl := e.client(kgo.ConsumeTopics(e.dlq), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		reasons := map[string]bool{}
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -300,7 +301,7 @@ func TestMixedStreamWithPoison(t *testing.T) {
 				for _, kv := range r.Headers {
 					h[kv.Key] = string(kv.Value)
 				}
-				if h["topic"] != e.topic || h["partition"] != "0" || h["offset"] == "" {
+				if h["topic"] != e.topic || h["partition"] != "0" || h["offset"] == "" || h["topic_id"] != topicID {
 					t.Errorf("dead letter %s lacks provenance headers: %v", h["reason"], h)
 				}
 				reasons[h["reason"]] = true

@@ -16,6 +16,11 @@ import (
 type PendingDeadLetter struct {
 	ID int64 // the row's id
 	DeadLetter
+	// TopicID is the Kafka topic id of the record's topic (Batch.TopicID):
+	// two dead letters at one topic, partition and offset are of a topic
+	// deleted and recreated under the same name between them. Not Valid
+	// when unknown.
+	TopicID uuid.NullUUID
 }
 
 // LeaseDeadLetters returns up to limit dead letters of the writer's group
@@ -30,16 +35,17 @@ WHERE d.id IN (
   SELECT id FROM `+w.dead+`
   WHERE consumer_group = $1 AND published_at IS NULL AND (publish_after IS NULL OR publish_after < now())
   ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
-RETURNING d.id, d.topic, d.partition, d."offset", d.event_id, d.reason, d.record_key, d.record_value`,
+RETURNING d.id, d.topic, d.partition, d."offset", d.event_id, d.reason, d.record_key, d.record_value, d.topic_id`,
 		w.cfg.Group, limit, lease.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("lease dead letters: %w", err)
 	}
 	var out []PendingDeadLetter
 	var p PendingDeadLetter
-	var id pgtype.UUID
-	_, err = pgx.ForEachRow(rows, []any{&p.ID, &p.Topic, &p.Partition, &p.Offset, &id, &p.Reason, &p.Key, &p.Value}, func() error {
+	var id, topicID pgtype.UUID
+	_, err = pgx.ForEachRow(rows, []any{&p.ID, &p.Topic, &p.Partition, &p.Offset, &id, &p.Reason, &p.Key, &p.Value, &topicID}, func() error {
 		p.EventID = uuid.NullUUID{UUID: id.Bytes, Valid: id.Valid}
+		p.TopicID = uuid.NullUUID{UUID: topicID.Bytes, Valid: topicID.Valid}
 		out = append(out, p)
 		p = PendingDeadLetter{}
 		return nil

@@ -419,8 +419,9 @@ func (w *Writer) foundWhole(ctx context.Context, b *Batch, keys []pending) ([]sk
 }
 
 // deadLettersRecorded reports whether every dead letter of b is in
-// dead_letters already, at its offset: writing it again would change
-// nothing.
+// dead_letters already, at its offset and under b's topic id (a row of
+// another id, or of none, is another record: see insertDeadLetters):
+// writing it again would change nothing.
 func (w *Writer) deadLettersRecorded(ctx context.Context, b *Batch) (bool, error) {
 	offsets := make([]int64, len(b.DeadLetters))
 	for i, d := range b.DeadLetters {
@@ -431,8 +432,9 @@ func (w *Writer) deadLettersRecorded(ctx context.Context, b *Batch) (bool, error
 	}
 	var n int
 	err := w.pool.QueryRow(ctx, `SELECT count(*) FROM `+w.dead+`
-WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND "offset" = ANY($4::bigint[])`,
-		w.cfg.Group, b.Topic, b.Partition, offsets).Scan(&n)
+WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND "offset" = ANY($4::bigint[])
+  AND topic_id IS NOT DISTINCT FROM $5::uuid`,
+		w.cfg.Group, b.Topic, b.Partition, offsets, b.TopicID).Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("look up dead letters: %w", err)
 	}
@@ -555,7 +557,7 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 		return outcome{}, err
 	}
 	dead := append(append(slices.Clip(b.DeadLetters), conflicts...), out.dead...)
-	if out.recorded, err = w.insertDeadLetters(ctx, tx, dead); err != nil {
+	if out.recorded, err = w.insertDeadLetters(ctx, tx, b.TopicID, dead); err != nil {
 		return outcome{}, err
 	}
 	octx, span := w.tracer.Start(ctx, "sink.offset_cas", trace.WithAttributes(
@@ -906,10 +908,14 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, w.cfg.Group, b.Top
 	return fe
 }
 
-// insertDeadLetters inserts dls, each sanitized (sanitizeDeadLetter), and
-// returns those it inserted, sanitized: a dead letter recorded before at
-// its offset is not inserted again.
-func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLetter) ([]DeadLetter, error) {
+// insertDeadLetters inserts dls, each sanitized (sanitizeDeadLetter),
+// records of the topic whose Kafka id is topicID (not Valid: unknown), in
+// tx, and returns those it inserted, sanitized. A record is named by its
+// group, topic, partition, offset and topic id, NULL being an id of its
+// own: a dead letter already there for the same record is not inserted
+// again, and a row of another topic id (the topic deleted and recreated
+// since) stands for another record.
+func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, topicID uuid.NullUUID, dls []DeadLetter) ([]DeadLetter, error) {
 	if len(dls) == 0 {
 		return nil, nil
 	}
@@ -925,12 +931,12 @@ func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, dls []DeadLet
 		reasons[i], keys[i], values[i] = d.Reason, d.Key, d.Value
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO `+w.dead+`
-(consumer_group, topic, partition, "offset", event_id, reason, record_key, record_value)
-SELECT $1, d.* FROM unnest($2::text[], $3::int[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[])
+(consumer_group, topic_id, topic, partition, "offset", event_id, reason, record_key, record_value)
+SELECT $1, $9::uuid, d.* FROM unnest($2::text[], $3::int[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[])
   AS d(topic, partition, "offset", event_id, reason, record_key, record_value)
-ON CONFLICT (consumer_group, topic, partition, "offset") DO NOTHING
+ON CONFLICT (consumer_group, topic, partition, "offset", topic_id) DO NOTHING
 RETURNING topic, partition, "offset"`,
-		w.cfg.Group, topics, parts, offsets, ids, reasons, keys, values)
+		w.cfg.Group, topics, parts, offsets, ids, reasons, keys, values, topicID)
 	if err != nil {
 		return nil, fmt.Errorf("insert dead letters: %w", err)
 	}
