@@ -30,8 +30,9 @@ var errOutOfTime = errors.New("isolation out of time")
 // groups that fail with a data error until each culprit is alone (or
 // trying them one by one where culprits are dense), and turns the
 // culprits into dead letters. Each group claims its keys inside its
-// savepoint, in the batch's order of the groups: a group rolled back
-// leaves no claim, and a culprit's claims are never kept. Before the
+// savepoint, in the batch's order of the groups, in one statement (hold
+// looked them all up): a group rolled back leaves no claim, and a
+// culprit's claims are never kept. Before the
 // first group, every key of todo is held at once, in byte order (see
 // hold), so that no group waits for another transaction's claim: two
 // members isolating overlapping batches do not deadlock. Constraints are
@@ -54,7 +55,8 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 		span.SetStatus(codes.Error, err.Error())
 		return outcome{}, 0, err
 	}
-	if err := w.hold(ctx, tx, todo); err != nil {
+	held, err := w.hold(ctx, tx, todo)
+	if err != nil {
 		return fail(fmt.Errorf("isolate: %w", err))
 	}
 	// One round trip: checks from now on are immediate, and the first
@@ -62,7 +64,7 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT `+savepoint); err != nil {
 		return fail(fmt.Errorf("isolate: %w", err))
 	}
-	is := &isolation{w: w, tx: tx, b: b, stopAt: stopAt, byEvent: map[int][]pending{}}
+	is := &isolation{w: w, tx: tx, b: b, held: held, stopAt: stopAt, byEvent: map[int][]pending{}}
 	var events []int
 	for _, p := range todo {
 		if _, ok := is.byEvent[p.event]; !ok {
@@ -74,7 +76,7 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 		is.first = events[0]
 	}
 	next := b.NextOffset
-	err := is.try(ctx, events)
+	err = is.try(ctx, events)
 	if errors.Is(err, errOutOfTime) {
 		// Culprits named beyond the cut are found again with the rest.
 		next, err = b.Events[is.cut].Offset, nil
@@ -97,6 +99,7 @@ type isolation struct {
 	w       *Writer
 	tx      pgx.Tx
 	b       *Batch
+	held    *held             // what hold learned: each group claims with it
 	byEvent map[int][]pending // the keys of each event of todo
 	first   int               // the first event of todo: no stop before it is settled
 	stopAt  time.Time         // zero: never stop
@@ -180,7 +183,7 @@ func (is *isolation) group(ctx context.Context, evs []int) (err, fatal error) {
 		is.used = false
 	}
 	is.groups++
-	o, err := is.w.apply(ctx, is.tx, is.b, keys)
+	o, err := is.w.apply(ctx, is.tx, is.b, keys, is.held)
 	if err == nil {
 		is.used = true
 		is.out.merge(o)

@@ -563,7 +563,7 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 		out, next, err = w.isolate(ctx, tx, b, todo, stopAt)
 		out.next = next
 	} else {
-		out, err = w.apply(ctx, tx, b, todo)
+		out, err = w.apply(ctx, tx, b, todo, nil)
 		out.next = b.NextOffset
 	}
 	if err != nil {
@@ -594,12 +594,14 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 }
 
 // apply claims keys and runs each handler on the events it claimed.
-func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending) (outcome, error) {
+//
+// h is nil but in an isolating transaction (see claim).
+func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, h *held) (outcome, error) {
 	traceID := ""
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 		traceID = sc.TraceID().String()
 	}
-	won, stored, slice, err := w.claim(ctx, tx, keys, traceID)
+	won, stored, slice, err := w.claim(ctx, tx, keys, traceID, h)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -669,7 +671,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		}
 	}
 	if len(again) > 0 {
-		o, err := w.apply(ctx, tx, b, again)
+		o, err := w.apply(ctx, tx, b, again, h)
 		if err != nil {
 			return outcome{}, err
 		}
