@@ -68,9 +68,11 @@ type worker struct {
 	// size is how many records, at most, a batch takes from those in
 	// hand: BatchMaxRecords, halved after a transaction times out (down to
 	// one), twice the records of a prefix the Writer committed when it
-	// ran short of time isolating culprits, doubled back after each batch
-	// committed whole. Worker goroutine only.
+	// ran short of time isolating culprits, and doubled back (up to
+	// BatchMaxRecords) after growAfter batches in a row committed whole;
+	// whole counts those. Worker goroutine only.
 	size     int
+	whole    int
 	deferred *kgo.Record  // the last record of the last batch that deferred its offset, while none has stored since
 	events   []sink.Event // the last batch's events, cleared: reused by the next batch; worker goroutine only
 
@@ -159,6 +161,16 @@ func (w *worker) storeDeferred() {
 	w.fence, w.deferred = b.NextOffset, nil
 	if !w.c.aborting.Load() {
 		w.c.cl.MarkCommitRecords(last)
+	}
+}
+
+// stopping reports whether the worker is told to stop.
+func (w *worker) stopping() bool {
+	select {
+	case <-w.quit:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -271,14 +283,16 @@ func (w *worker) take() []*kgo.Record {
 }
 
 // flush writes recs, in order, until all are committed or the worker must
-// give up: the worker is told to stop while waiting to retry (stopped),
-// the partition was taken by another writer (fenced), or the
-// transaction's context was canceled (aborted). It writes them as one
-// batch when it can, and as several when the Writer commits a prefix of a
-// batch whose isolation of culprits runs long (sink.Batch.AllowPrefix) or
-// when a transaction times out (see write). Data errors never reach here:
-// the Writer isolates them into dead letters. Only after a batch's COMMIT
-// is its last record marked for the Kafka commit.
+// give up: the worker is told to stop while waiting to retry, or between
+// two of the batches below (stopped), the partition was taken by another
+// writer (fenced), or the transaction's context was canceled (aborted).
+// It writes them as one batch when it can, and as several when the
+// Writer commits a prefix of a batch whose isolation of culprits runs
+// long (sink.Batch.AllowPrefix) or when a transaction times out (see
+// write). Data errors never reach here: the Writer isolates them into
+// dead letters. Only after a batch's COMMIT is its last record marked for
+// the Kafka commit; records given up are written by no one here, and the
+// next owner reads them from the offset stored.
 func (w *worker) flush(recs []*kgo.Record) exit {
 	defer w.setRetrying(false)
 	retry := false
@@ -287,6 +301,11 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 		switch why {
 		case committed:
 			recs, retry = recs[n:], false
+			if len(recs) > 0 && w.stopping() {
+				// As nextBatch: a stopping worker starts no batch; the
+				// records left are the next owner's to read.
+				return stopped
+			}
 		case smaller:
 			retry = true
 		default:
@@ -303,7 +322,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 // says that the batch holds more work than a transaction has time for: the
 // worker halves its batch size (down to one record) and returns smaller
 // after the backoff, for flush to write the same records again in a
-// smaller batch; the size doubles back after each batch committed whole.
+// smaller batch; the size grows back as batches commit whole (grow).
 // Nothing is dead-lettered because of a timeout. retry says that these
 // records were in a batch that failed: the batch does not defer its
 // offset.
@@ -377,10 +396,10 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 				// next transactions isolate whole or nearly, without
 				// halving all of the rest again first.
 				n = upTo(part, res.NextOffset)
-				w.size = max(1, min(w.size, 2*n))
+				w.size, w.whole = max(1, min(w.size, 2*n)), 0
 			} else {
 				res.NextOffset = b.NextOffset
-				w.size = min(2*w.size, cfg.BatchMaxRecords)
+				w.grow()
 			}
 			w.committed(ctx, b, part[:n], res, start)
 			// Nothing applied at the first try: the next batch may try to
@@ -410,7 +429,7 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 			span.SetStatus(codes.Error, "aborted")
 			return 0, aborted
 		case shrink:
-			w.size = max(1, len(part)/2)
+			w.size, w.whole = max(1, len(part)/2), 0
 			w.c.log.Warn("batch timed out; retrying its records in smaller batches", "topic", b.Topic, "partition", b.Partition,
 				"offset", part[0].Offset, "batch_size", len(part), "next_batch_size", w.size, "attempt", attempt,
 				"class", class.String(), "backoff", backoff, "err", err)
@@ -436,6 +455,24 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 			return 0, smaller
 		}
 		backoff = min(2*backoff, cfg.MaxRetryBackoff)
+	}
+}
+
+// growAfter is how many batches in a row a worker commits whole at a
+// reduced size before it doubles the size: a transaction that timed out
+// at twice the size costs a TxTimeout, so a database that stays slow
+// costs one such timeout every growAfter batches, while one that is fast
+// again is back at full batches after a few dozen.
+const growAfter = 4
+
+// grow counts a batch committed whole and doubles the batch size after
+// growAfter of them.
+func (w *worker) grow() {
+	if w.size >= w.c.cfg.BatchMaxRecords {
+		return
+	}
+	if w.whole++; w.whole >= growAfter {
+		w.size, w.whole = min(2*w.size, w.c.cfg.BatchMaxRecords), 0
 	}
 }
 
