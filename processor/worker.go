@@ -71,8 +71,12 @@ type worker struct {
 	// ran short of time isolating culprits, and doubled back (up to
 	// BatchMaxRecords) after growAfter batches in a row committed whole;
 	// whole counts those. Worker goroutine only.
-	size     int
-	whole    int
+	size  int
+	whole int
+	// dense: the last batch committed a prefix that was mostly dead
+	// letters, so the next one isolates from the start
+	// (sink.Batch.Isolate). Worker goroutine only.
+	dense    bool
 	deferred *kgo.Record  // the last record of the last batch that deferred its offset, while none has stored since
 	events   []sink.Event // the last batch's events, cleared: reused by the next batch; worker goroutine only
 
@@ -337,7 +341,7 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 	start := time.Now()
 	part := recs[:min(len(recs), w.size)]
 	b, links := w.batch(part)
-	b.AllowPrefix = true
+	b.AllowPrefix, b.Isolate = true, w.dense
 	b.DeferOffset = !retry && w.mayDeferOffset()
 	defer func() {
 		// Nothing keeps a batch's events once it is written or given up
@@ -390,6 +394,8 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 		}
 		if err == nil {
 			n := len(part)
+			// A NextOffset not above the batch's first record (a Writer
+			// that does not set it) is the whole batch.
 			if res.NextOffset > part[0].Offset && res.NextOffset < b.NextOffset {
 				// A prefix committed, all the isolation had time for: the
 				// rest follows in batches of about twice that, which the
@@ -397,9 +403,11 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 				// halving all of the rest again first.
 				n = upTo(part, res.NextOffset)
 				w.size, w.whole = max(1, min(w.size, 2*n)), 0
+				w.dense = 2*len(res.Rejected) >= n
 			} else {
 				res.NextOffset = b.NextOffset
 				w.grow()
+				w.dense = false
 			}
 			w.committed(ctx, b, part[:n], res, start)
 			// Nothing applied at the first try: the next batch may try to

@@ -98,6 +98,14 @@ type Batch struct {
 	// many culprits the batch holds and however slow each round trip is.
 	// Without it, the whole isolation must fit in one TxTimeout.
 	AllowPrefix bool
+	// Isolate says that the batch continues one whose culprits were dense
+	// (the rest of a batch that committed a prefix, most of it dead
+	// letters): Write skips the plain transaction, which would most
+	// likely fail, and isolates from the start, trying the events of a
+	// failed group one by one while most events it settles are culprits.
+	// It changes how many round trips the isolation takes, never what is
+	// applied or dead-lettered.
+	Isolate bool
 }
 
 // Result counts what one Write did. Keys are (event, handler) pairs.
@@ -108,7 +116,7 @@ type Result struct {
 	DeadLetters     int          // records written to dead_letters (decode failures, rejections, data errors)
 	Rejected        []DeadLetter // events dead-lettered inside the transaction (rejected, isolated or conflicting), included in DeadLetters
 	Conflicts       int          // events refused as conflicting duplicates (ReasonConflict), included in Rejected
-	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated; 0 when the offset was deferred
+	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated (1 with Batch.Isolate); 0 when the offset was deferred
 	// NextOffset is the offset after the records the Write settled:
 	// Batch.NextOffset (stored, or deferred with OffsetDeferred), or less
 	// when a batch with [Batch.AllowPrefix] committed a prefix: the

@@ -65,6 +65,9 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 		return fail(fmt.Errorf("isolate: %w", err))
 	}
 	is := &isolation{w: w, tx: tx, b: b, held: held, stopAt: stopAt, byEvent: map[int][]pending{}}
+	if b.Isolate {
+		is.seed = denseAfter // as if the batch went on from that many culprits
+	}
 	var events []int
 	for _, p := range todo {
 		if _, ok := is.byEvent[p.event]; !ok {
@@ -113,6 +116,7 @@ type isolation struct {
 	culprits []DeadLetter // the events that failed alone, logged once the isolation ends
 	groups   int
 	settled  int // events applied or dead-lettered
+	seed     int // culprits assumed settled before the batch (Batch.Isolate)
 	cut      int // with errOutOfTime: the first event left
 }
 
@@ -204,5 +208,6 @@ func (is *isolation) culprit(e int, err error) {
 // dense reports whether culprits are dense among the events settled so
 // far (see denseAfter).
 func (is *isolation) dense() bool {
-	return is.settled >= denseAfter && 2*len(is.culprits) >= is.settled
+	settled, culprits := is.settled+is.seed, len(is.culprits)+is.seed
+	return settled >= denseAfter && 2*culprits >= settled
 }

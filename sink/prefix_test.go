@@ -104,3 +104,62 @@ func TestIsolationCommitsPrefixes(t *testing.T) {
 		t.Errorf("payments of the good record: %d, want 1", n)
 	}
 }
+
+// A batch marked Isolate is isolated from the start, in one transaction,
+// and the outcome is what the plain transaction then the isolating one
+// would give: the bad records are dead letters, the others apply once; a
+// batch with no bad record applies whole.
+func TestIsolateHintChangesNoOutcome(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	payments := pgx.Identifier{schema, "payments"}.Sanitize()
+	exec(t, pool, `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`)
+	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay",
+		SQL: `INSERT INTO ` + payments + ` SELECT event_id, (payload->>'amount')::numeric FROM events`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: []sink.Handler{h}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := take(t, w)
+	bad := map[int]bool{0: true, 1: true, 3: true, 7: true, 8: true, 15: true}
+	var ids []uuid.UUID
+	var vals [][]byte
+	for i := range 40 {
+		ids = append(ids, uuid.New())
+		if bad[i] {
+			vals = append(vals, fmt.Appendf(nil, `{"amount":"bad-%d"}`, i))
+		} else {
+			vals = append(vals, []byte(`{"amount":"1"}`))
+		}
+	}
+	all := events(0, ids, vals)
+	res, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: 20, Events: all[:20], Isolate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Attempts != 1 || res.Applied != 20-len(bad) || len(res.Rejected) != len(bad) || res.NextOffset != 20 {
+		t.Errorf("result: attempts %d, applied %d, dead letters %d, next offset %d; want 1, %d, %d, 20",
+			res.Attempts, res.Applied, len(res.Rejected), res.NextOffset, 20-len(bad), len(bad))
+	}
+	for _, d := range res.Rejected {
+		if !bad[int(d.Offset)] {
+			t.Errorf("dead letter at offset %d, a good record", d.Offset)
+		}
+	}
+	res, err = w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: epoch, Fence: 20, NextOffset: 40, Events: all[20:], Isolate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Attempts != 1 || res.Applied != 20 || len(res.Rejected) != 0 {
+		t.Errorf("result of the good batch: attempts %d, applied %d, dead letters %d; want 1, 20, 0", res.Attempts, res.Applied, len(res.Rejected))
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+payments); n != 40-int64(len(bad)) {
+		t.Errorf("payments: %d, want %d", n, 40-len(bad))
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(DISTINCT event_id) FROM `+payments); n != 40-int64(len(bad)) {
+		t.Errorf("events paid: %d, want %d", n, 40-len(bad))
+	}
+}

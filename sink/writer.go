@@ -332,8 +332,9 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	}
 
 	res.Attempts++
-	out, err := w.transaction(ctx, b, todo, conflicts, false)
-	if err != nil && isolatable(err) {
+	isolating := b.Isolate && len(todo) > 0
+	out, err := w.transaction(ctx, b, todo, conflicts, isolating)
+	if err != nil && !isolating && isolatable(err) {
 		w.log.Warn("batch failed on a data error; isolating the events that cause it",
 			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "batch_size", len(b.Events), "err", err)
 		res.Attempts++
