@@ -554,7 +554,6 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	var out outcome
-	out.next = b.NextOffset
 	if isolate {
 		var stopAt time.Time
 		if b.AllowPrefix {
