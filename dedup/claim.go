@@ -88,6 +88,29 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 	return claimed, nil
 }
 
+// ClaimHeld claims keys in slice with one INSERT … ON CONFLICT DO NOTHING
+// (one round trip) and reports, index by index, which it claimed: the
+// first copy of each key that no row holds; a key present, committed or
+// claimed earlier in the transaction, is not claimed. It is for a
+// transaction that took the slice lock and learned the current slice from
+// an earlier [LookupClaim] (the lock keeps it current until the
+// transaction ends), and holds the keys (claimed then [Unclaim]ed): no
+// concurrent claim of them can then be in progress, and the look-up and
+// the COPY's savepoint that [Claim] costs buy nothing. A key another
+// transaction holds makes it wait, like any unique-index insert.
+func ClaimHeld(ctx context.Context, q Querier, schema, bus, traceID string, slice int32, keys []Key, digests []Digest) ([]bool, error) {
+	claimed := make([]bool, len(keys))
+	if len(keys) == 0 {
+		return claimed, nil
+	}
+	c := newClaimSet(keys, digests, bus, traceID, slice)
+	c.todo = distinctKeys(keys)
+	if err := tablesOf(schema).insertClaims(ctx, q, c, claimed); err != nil {
+		return nil, fmt.Errorf("claim events: %w", err)
+	}
+	return claimed, nil
+}
+
 // Claims is what LookupClaim reports, index by index of its keys.
 type Claims struct {
 	Claimed []bool   // claimed by this call

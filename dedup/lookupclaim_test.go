@@ -248,3 +248,61 @@ func lookupClaimLockTimeout(t *testing.T, pool *pgxpool.Pool) {
 		t.Errorf("rollback after the timeout: %v", err)
 	}
 }
+
+// ClaimHeld, in a transaction that looked its keys up and holds them,
+// claims the first copy of each key no row holds, in every query exec
+// mode, and not a key claimed before (committed, or earlier in the
+// transaction); the digests are stored with the claims.
+func TestClaimHeld(t *testing.T) {
+	base := sinktest.Pool(t)
+	schema := sinktest.Schema(t, base)
+	processed := pgx.Identifier{schema, "processed_events"}.Sanitize()
+	for _, mode := range []string{"cache_statement", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := t.Context()
+			pool := sinktest.ModePool(t, mode)
+			old := dedup.Key{EventID: uuid.New(), Handler: "a"}
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{old}, nil)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := dedup.Key{EventID: uuid.New(), Handler: "a"}
+			y := dedup.Key{EventID: uuid.New(), Handler: "b"}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+			held := []dedup.Key{old, x, y}
+			c, err := dedup.LookupClaim(ctx, tx, schema, "kafka", "", held, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dedup.Unclaim(ctx, tx, processed, []dedup.Key{x, y}); err != nil {
+				t.Fatal(err)
+			}
+			dx := dedup.PayloadDigest([]byte(`{"x":1}`))
+			got, err := dedup.ClaimHeld(ctx, tx, schema, "kafka", "", c.Slice, []dedup.Key{x, old, x}, []dedup.Digest{dx, {}, dx})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []bool{true, false, false}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("ClaimHeld(x, old, x) = %v, want %v", got, want)
+			}
+			got, err = dedup.ClaimHeld(ctx, tx, schema, "kafka", "", c.Slice, []dedup.Key{y, x}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []bool{true, false}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("ClaimHeld(y, x) = %v, want %v", got, want)
+			}
+			found, stored, err := dedup.Lookup(ctx, tx, processed, []dedup.Key{x})
+			if err != nil || !found[0] || stored[0] != dx {
+				t.Errorf("x after ClaimHeld: found %v, digest %x, err %v; want found with %x", found, stored, err, dx)
+			}
+		})
+	}
+}

@@ -94,6 +94,16 @@
 // fence stops the worker; anything else is retried with backoff and
 // logged as an error for an operator to fix.
 //
+// No transaction has to hold more than its timeout allows. A batch whose
+// isolation of culprits runs long (many bad records, a slow link, a slow
+// statement) commits the part it has settled, with its offset
+// (sink.Batch.AllowPrefix), and the worker writes the rest as new
+// batches, about twice the size of that part. A transaction that times
+// out makes the worker halve its batch size (down to one record) and
+// write the same records again; the size doubles back after four batches
+// in a row commit whole. A timeout is never taken as evidence against a
+// record: nothing is dead-lettered because Postgres was slow.
+//
 // # Rebalances and fencing
 //
 // Franz-go's goroutine-per-partition shape, with BlockRebalanceOnPoll so

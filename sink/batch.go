@@ -91,6 +91,26 @@ type Batch struct {
 	// batch would be found whole by its own committed attempt, and the
 	// offset stored then would not be the Fence the next batch carries.
 	DeferOffset bool
+	// AllowPrefix lets a Write whose isolation of culprits (see
+	// [Writer.Write]) runs long commit part of the batch: once the
+	// isolating transaction has used half of TxTimeout, it starts no new
+	// savepoint group, and commits the events isolated so far — a prefix
+	// of the batch, at least one event — with their effects, the dead
+	// letters below the first event left, and that event's offset stored
+	// instead of NextOffset ([Result.NextOffset]). The caller then writes
+	// the records from Result.NextOffset on as a new batch, with that
+	// offset as its Fence. So each transaction's work is bounded, however
+	// many culprits the batch holds and however slow each round trip is.
+	// Without it, the whole isolation must fit in one TxTimeout.
+	AllowPrefix bool
+	// Isolate says that the batch continues one whose culprits were dense
+	// (the rest of a batch that committed a prefix, most of it dead
+	// letters): Write skips the plain transaction, which would most
+	// likely fail, and isolates from the start, trying the events of a
+	// failed group one by one while most events it settles are culprits.
+	// It changes how many round trips the isolation takes, never what is
+	// applied or dead-lettered.
+	Isolate bool
 }
 
 // Result counts what one Write did. Keys are (event, handler) pairs.
@@ -101,7 +121,14 @@ type Result struct {
 	DeadLetters     int          // dead_letters rows inserted (decode failures, rejections, data errors, conflicts); one recorded before at its offset (a record read again) is neither inserted nor counted
 	Rejected        []DeadLetter // events refused inside the transaction (rejected, isolated or conflicting), as stored; included in DeadLetters unless recorded before
 	Conflicts       int          // dead letters inserted for conflicting duplicates (ReasonConflict), included in DeadLetters
-	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated; 0 when the offset was deferred
+	Attempts        int          // transactions begun: 1, or 2 when the batch's culprits had to be isolated (1 with Batch.Isolate); 0 when the offset was deferred
+	// NextOffset is the offset after the records the Write settled:
+	// Batch.NextOffset (stored, or deferred with OffsetDeferred), or less
+	// when a batch with [Batch.AllowPrefix] committed a prefix: the
+	// offset of the first event it left, which it stored. Nothing of the
+	// records from NextOffset on was written; the counts above are of the
+	// prefix.
+	NextOffset int64
 	// OffsetDeferred: the batch was found whole under Batch.DeferOffset,
 	// and nothing was written; sink_offsets still holds Batch.Fence.
 	OffsetDeferred bool

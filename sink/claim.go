@@ -20,14 +20,64 @@ import (
 // which settles concurrent claims. A key lost there to another
 // transaction has its digest read in one more statement, only when there
 // are such keys.
-func (w *Writer) claim(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
+//
+// In an isolating transaction, h is what hold learned (nil otherwise): the
+// keys found claimed then are known, with their digests, and the others
+// are claimed by dedup.ClaimHeld, in one round trip.
+func (w *Writer) claim(ctx context.Context, tx pgx.Tx, keys []pending, traceID string, h *held) ([]bool, []dedup.Digest, int32, error) {
 	if len(keys) == 0 {
 		return nil, nil, 0, nil
 	}
 	ctx, span := w.tracer.Start(ctx, "dedup.claim", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
-	won, stored, slice, err := w.claimKeys(ctx, tx, keys, traceID)
+	var won []bool
+	var stored []dedup.Digest
+	var slice int32
+	var err error
+	if h != nil {
+		won, stored, err = w.claimHeld(ctx, tx, keys, traceID, h)
+		slice = h.slice
+	} else {
+		won, stored, slice, err = w.claimKeys(ctx, tx, keys, traceID)
+	}
 	endSpan(span, err)
 	return won, stored, slice, err
+}
+
+// held is what hold learned of an isolating transaction's keys.
+type held struct {
+	slice int32                      // the current dedup slice, which the transaction's claims go to
+	found map[dedup.Key]dedup.Digest // keys claimed before the transaction, with their digests
+}
+
+// claimHeld claims keys in a transaction that holds them (see hold).
+func (w *Writer) claimHeld(ctx context.Context, tx pgx.Tx, keys []pending, traceID string, h *held) ([]bool, []dedup.Digest, error) {
+	won, stored := make([]bool, len(keys)), make([]dedup.Digest, len(keys))
+	todo := make([]int, 0, len(keys)) // indexes of the keys not found by hold
+	for i, p := range keys {
+		if d, ok := h.found[p.key]; ok {
+			stored[i] = d
+			continue
+		}
+		todo = append(todo, i)
+	}
+	if len(todo) == 0 {
+		return won, stored, nil
+	}
+	ds := make([]dedup.Digest, len(todo))
+	for j, i := range todo {
+		ds[j] = keys[i].digest
+	}
+	claimed, err := dedup.ClaimHeld(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, h.slice, keysAt(keys, todo), ds)
+	if err != nil {
+		return nil, nil, err
+	}
+	for j, i := range todo {
+		won[i] = claimed[j]
+	}
+	if err := w.lostDigests(ctx, tx, keys, todo, won, stored); err != nil {
+		return nil, nil, err
+	}
+	return won, stored, nil
 }
 
 func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
@@ -105,24 +155,34 @@ func (w *Writer) lostDigests(ctx context.Context, tx pgx.Tx, keys []pending, tod
 // again, or not, as if hold had not run, without waiting. A key hold did
 // not claim is a committed claim (found, or lost to a transaction that
 // committed), or a later copy of one it did: none makes tx wait again.
-func (w *Writer) hold(ctx context.Context, tx pgx.Tx, keys []pending) error {
+//
+// It returns what it learned for the transaction's claims (claimHeld):
+// the current slice, and the keys it found claimed, with their digests.
+func (w *Writer) hold(ctx context.Context, tx pgx.Tx, keys []pending) (*held, error) {
 	if len(keys) == 0 {
-		return nil
+		return nil, nil
 	}
 	ctx, span := w.tracer.Start(ctx, "dedup.hold", trace.WithAttributes(attribute.Int("onceflow.keys", len(keys))))
 	ks := keysAt(keys, nil)
 	c, err := dedup.LookupClaim(ctx, tx, w.cfg.Schema, w.cfg.Bus, "", ks, nil)
+	h := &held{slice: c.Slice, found: map[dedup.Key]dedup.Digest{}}
 	if err == nil {
 		var undo []dedup.Key
 		for i, won := range c.Claimed {
 			if won {
 				undo = append(undo, ks[i])
 			}
+			if c.Found[i] {
+				h.found[ks[i]] = c.Stored[i]
+			}
 		}
 		err = dedup.Unclaim(ctx, tx, w.processed, undo)
 	}
 	endSpan(span, err)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // keysAt returns the keys of keys at the indexes at; all of them when at is

@@ -181,6 +181,21 @@ func IsTransient(err error) bool { return Classify(err) == Transient }
 // the Writer isolates into dead letters.
 func IsData(err error) bool { return Classify(err) == Data }
 
+// IsTimeout reports whether err, a [Transient] failure, is a transaction
+// that ran out of time: its own deadline ([Config.TxTimeout]) or a
+// statement timeout (57014). It says nothing about the events: a caller
+// retries, and may retry fewer events at a time, as processor does.
+func IsTimeout(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "57014"
+	}
+	return errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
+}
+
 // reason is the dead-letter reason for an event that failed with err.
 func reason(err error) string {
 	var reject *RejectError

@@ -69,6 +69,28 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+func TestIsTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"transaction deadline", fmt.Errorf("handler h: timeout: %w", context.DeadlineExceeded), true},
+		{"statement timeout 57014", fmt.Errorf("handler h: %w", &pgconn.PgError{Code: "57014"}), true},
+		{"lock timeout 55P03", fmt.Errorf("handler h: %w", &pgconn.PgError{Code: "55P03"}), false},
+		{"data error", fmt.Errorf("handler h: %w", &pgconn.PgError{Code: "22P02"}), false},
+		{"connection lost", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), false},
+		{"canceled", fmt.Errorf("x: %w", context.Canceled), false},
+		{"nil", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sink.IsTimeout(tc.err); got != tc.want {
+				t.Errorf("IsTimeout(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
 // randomText returns n random letters: text no compression makes small.
 func randomText(n int) string {
 	b := make([]byte, n)

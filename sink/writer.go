@@ -264,14 +264,15 @@ type pending struct {
 
 // outcome is what one application of some events did inside a transaction.
 type outcome struct {
-	claimed []dedup.Key
-	digests []dedup.Digest // digests[i] was stored with claimed[i]
-	already []skip
-	dead    []DeadLetter // events isolated into dead letters, conflicts included
-	slice   int32        // the dedup slice the claims went to, when there are any
+	claimed   []dedup.Key
+	digests   []dedup.Digest // digests[i] was stored with claimed[i]
+	already   []skip
+	dead      []DeadLetter // events isolated into dead letters, conflicts included
+	slice     int32        // the dedup slice the claims went to, when there are any
+	next      int64        // the offset the transaction stored (see Result.NextOffset)
 	// recorded are the dead_letters rows the transaction inserted (set by
-	// transaction, not by merge): the batch's dead letters not recorded
-	// before.
+	// transaction, not by merge): the dead letters of the records it
+	// settled that were not recorded before.
 	recorded []DeadLetter
 }
 
@@ -294,10 +295,18 @@ func (o *outcome) merge(p outcome) {
 // [RejectError], a data exception, a constraint violation, a value too
 // large for an index), the transaction is rolled back and the batch is
 // written again in one transaction that isolates the culprits: events are
-// applied in halves under savepoints, recursively, and each event that
-// fails on its own becomes a dead letter with the SQLSTATE and message as
-// its reason; all the others apply. k bad events among n cost O(k·log n)
-// savepoints and two transactions. A dead-lettered event applies nothing
+// applied in halves under savepoints, recursively (one by one once most
+// events settled were culprits), and each event that fails on its own
+// becomes a dead letter with the SQLSTATE and message as its reason; all
+// the others apply. k bad events among n cost O(k·log n) savepoints
+// (at most n plus a few when nearly all are bad) and two transactions.
+// Each savepoint costs a few round trips (the claim, the handlers, the
+// savepoint itself), so isolating many culprits over a slow link can take
+// longer than TxTimeout: with [Batch.AllowPrefix], the isolating
+// transaction then commits the prefix of b it has settled, and
+// [Result.NextOffset] says where the rest begins. A timeout is never
+// taken for a culprit: nothing is dead-lettered because the database was
+// slow. A dead-lettered event applies nothing
 // for any handler, and leaves no claim. The isolating transaction locks
 // all of the batch's keys at once before its first savepoint, in the byte
 // order every claim writes in, so it deadlocks with no other batch's
@@ -324,15 +333,16 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 			return res, err
 		}
 		if found != nil {
-			res.SkippedPostgres, res.OffsetDeferred = len(found), true
+			res.SkippedPostgres, res.OffsetDeferred, res.NextOffset = len(found), true, b.NextOffset
 			w.logSkips(ctx, b, append(skipped, found...))
 			return res, nil
 		}
 	}
 
 	res.Attempts++
-	out, err := w.transaction(ctx, b, todo, conflicts, false)
-	if err != nil && isolatable(err) {
+	isolating := b.Isolate && len(todo) > 0
+	out, err := w.transaction(ctx, b, todo, conflicts, isolating)
+	if err != nil && !isolating && isolatable(err) {
 		w.log.Warn("batch failed on a data error; isolating the events that cause it",
 			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "batch_size", len(b.Events), "err", err)
 		res.Attempts++
@@ -340,6 +350,16 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	}
 	if err != nil {
 		return res, err
+	}
+	res.NextOffset = out.next
+	if out.next < b.NextOffset {
+		// A prefix committed: what lies beyond is the next batch's.
+		skipped = slices.DeleteFunc(skipped, func(s skip) bool { return b.Events[s.event].Offset >= out.next })
+		res.SkippedLRU = len(skipped)
+		conflicts = below(conflicts, out.next)
+		w.log.Info("isolation ran long: committed the records isolated so far; the rest follow in the next batch",
+			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "next_offset", out.next,
+			"batch_size", len(b.Events), "dead_letters", len(out.dead))
 	}
 	// Committed: the keys claimed are known committed, with their digests.
 	// The keys found claimed are too, but the cache is not told: in a
@@ -464,6 +484,18 @@ func (w *Writer) analyzeSlice(ctx context.Context, out outcome) {
 	}
 }
 
+// below returns the dead letters of dls at offsets below next, in a new
+// slice.
+func below(dls []DeadLetter, next int64) []DeadLetter {
+	var out []DeadLetter
+	for _, d := range dls {
+		if d.Offset < next {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 func firstOffset(b *Batch) int64 {
 	if len(b.Events) > 0 {
 		return b.Events[0].Offset
@@ -539,6 +571,7 @@ func (e *commitError) Unwrap() error { return e.err }
 // the cache's conflicts, and the events refused in it), offset
 // compare-and-set, commit.
 func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conflicts []DeadLetter, isolate bool) (outcome, error) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
 	defer cancel()
 	tx, err := w.pool.BeginTx(ctx, w.begin)
@@ -549,21 +582,31 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 
 	var out outcome
 	if isolate {
-		out, err = w.isolate(ctx, tx, b, todo)
+		var stopAt time.Time
+		if b.AllowPrefix {
+			stopAt = start.Add(w.cfg.TxTimeout / 2)
+		}
+		var next int64
+		out, next, err = w.isolate(ctx, tx, b, todo, stopAt)
+		out.next = next
 	} else {
-		out, err = w.apply(ctx, tx, b, todo)
+		out, err = w.apply(ctx, tx, b, todo, nil)
+		out.next = b.NextOffset
 	}
 	if err != nil {
 		return outcome{}, err
 	}
 	dead := append(append(slices.Clip(b.DeadLetters), conflicts...), out.dead...)
+	if out.next < b.NextOffset {
+		dead = below(dead, out.next)
+	}
 	if out.recorded, err = w.insertDeadLetters(ctx, tx, b.TopicID, dead); err != nil {
 		return outcome{}, err
 	}
 	octx, span := w.tracer.Start(ctx, "sink.offset_cas", trace.WithAttributes(
 		attribute.Int64("onceflow.epoch", b.Epoch), attribute.Int64("onceflow.fence", b.Fence),
-		attribute.Int64("onceflow.next_offset", b.NextOffset)))
-	err = w.storeOffset(octx, tx, b)
+		attribute.Int64("onceflow.next_offset", out.next)))
+	err = w.storeOffset(octx, tx, b, out.next)
 	endSpan(span, err)
 	if err != nil {
 		return outcome{}, err
@@ -578,12 +621,14 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 }
 
 // apply claims keys and runs each handler on the events it claimed.
-func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending) (outcome, error) {
+//
+// h is nil but in an isolating transaction (see claim).
+func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending, h *held) (outcome, error) {
 	traceID := ""
 	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
 		traceID = sc.TraceID().String()
 	}
-	won, stored, slice, err := w.claim(ctx, tx, keys, traceID)
+	won, stored, slice, err := w.claim(ctx, tx, keys, traceID, h)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -653,7 +698,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, b *Batch, keys []pending)
 		}
 	}
 	if len(again) > 0 {
-		o, err := w.apply(ctx, tx, b, again)
+		o, err := w.apply(ctx, tx, b, again, h)
 		if err != nil {
 			return outcome{}, err
 		}
@@ -776,122 +821,44 @@ func runHandler(ctx context.Context, h Handler, tx pgx.Tx, events []Event) (err 
 	return h.Apply(ctx, tx, events)
 }
 
-const savepoint = "onceflow_isolate"
-
-// isolate applies todo event by event group under savepoints, halving
-// groups that fail with a data error until each culprit is alone, and
-// turns the culprits into dead letters. Each group claims its keys inside
-// its savepoint, in the batch's order of the groups: a group rolled back
-// leaves no claim, and a culprit's claims are never kept. Before the
-// first group, every key of todo is held at once, in byte order (see
-// hold), so that no group waits for another transaction's claim:
-// two members isolating overlapping batches do not deadlock. Constraints
-// are checked immediately, so a deferred constraint fails inside the
-// savepoint of the events that violate it rather than at COMMIT. A
-// non-data error ends the isolation and is returned.
-func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending) (outcome, error) {
-	ctx, span := w.tracer.Start(ctx, "sink.isolate")
-	defer span.End()
-	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
-		return outcome{}, fmt.Errorf("isolate: %w", err)
-	}
-	if err := w.hold(ctx, tx, todo); err != nil {
-		span.SetStatus(codes.Error, err.Error())
-		return outcome{}, fmt.Errorf("isolate: %w", err)
-	}
-	byEvent := map[int][]pending{}
-	var events []int
-	for _, p := range todo {
-		if _, ok := byEvent[p.event]; !ok {
-			events = append(events, p.event)
-		}
-		byEvent[p.event] = append(byEvent[p.event], p)
-	}
-	var out outcome
-	savepoints := 0
-	var try func(evs []int) error
-	try = func(evs []int) error {
-		if len(evs) == 0 {
-			return nil
-		}
-		var keys []pending
-		for _, e := range evs {
-			keys = append(keys, byEvent[e]...)
-		}
-		savepoints++
-		if _, err := tx.Exec(ctx, `SAVEPOINT `+savepoint); err != nil {
-			return fmt.Errorf("isolate: %w", err)
-		}
-		o, err := w.apply(ctx, tx, b, keys)
-		if err == nil {
-			if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT `+savepoint); err != nil {
-				return fmt.Errorf("isolate: %w", err)
-			}
-			out.merge(o)
-			return nil
-		}
-		if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT `+savepoint+`; RELEASE SAVEPOINT `+savepoint); rerr != nil {
-			return fmt.Errorf("isolate: %w (after %w)", rerr, err)
-		}
-		if !IsData(err) {
-			return err
-		}
-		// Events a handler named: set aside at once, all of them.
-		if rs := rejects(err); len(rs) > 0 {
-			rest := slices.Clone(evs)
-			for _, r := range rs {
-				if i := slices.IndexFunc(rest, func(e int) bool { return b.Events[e].ID == r.EventID }); i >= 0 {
-					out.dead = append(out.dead, w.deadLetter(b, rest[i], r))
-					rest = slices.Delete(rest, i, i+1)
-				}
-			}
-			if len(rest) < len(evs) {
-				return try(rest)
-			}
-		}
-		if len(evs) == 1 {
-			out.dead = append(out.dead, w.deadLetter(b, evs[0], err))
-			return nil
-		}
-		mid := len(evs) / 2
-		if err := try(evs[:mid]); err != nil {
-			return err
-		}
-		return try(evs[mid:])
-	}
-	err := try(events)
-	span.SetAttributes(attribute.Int("onceflow.savepoints", savepoints), attribute.Int("onceflow.dead_letters", len(out.dead)))
-	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
-		return outcome{}, err
-	}
-	return out, nil
+// deadLetter is the dead letter of event i, which failed with err; it is
+// logged.
+func (w *Writer) deadLetter(b *Batch, i int, err error) DeadLetter {
+	dl := newDeadLetter(b, i, err)
+	w.logDeadLetter(dl)
+	return dl
 }
 
-// deadLetter is the dead letter of event i, which failed with err.
-func (w *Writer) deadLetter(b *Batch, i int, err error) DeadLetter {
+// newDeadLetter is the dead letter of event i of b, which failed with err.
+func newDeadLetter(b *Batch, i int, err error) DeadLetter {
 	e := b.Events[i]
-	dl := sanitizeDeadLetter(DeadLetter{
+	return sanitizeDeadLetter(DeadLetter{
 		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
 		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
 		Reason:  reason(err), Key: e.Key, Value: e.Value,
 	})
-	w.log.Debug("the event cannot be applied: a dead letter if the batch commits", "topic", e.Topic, "partition", e.Partition,
-		"offset", e.Offset, "event_id", e.ID.String(), "reason", dl.Reason)
-	return dl
+}
+
+// logDeadLetter logs, at debug, an event found to be a culprit: it is a
+// dead letter only if its transaction commits, and it is logged at warn
+// once its row is recorded (logDeadLetters, after COMMIT).
+func (w *Writer) logDeadLetter(dl DeadLetter) {
+	w.log.Debug("the event cannot be applied: a dead letter if the batch commits", "topic", dl.Topic, "partition", dl.Partition,
+		"offset", dl.Offset, "event_id", dl.EventID.UUID.String(), "reason", dl.Reason)
 }
 
 // storeOffset is the fence: it moves sink_offsets from (b.Epoch, b.Fence)
-// to b.NextOffset. Zero rows updated means another writer took the
-// partition, or an earlier attempt of b committed.
-func (w *Writer) storeOffset(ctx context.Context, tx pgx.Tx, b *Batch) error {
+// to next (b.NextOffset, or the end of the prefix committed). Zero rows
+// updated means another writer took the partition, or an earlier attempt
+// of b committed.
+func (w *Writer) storeOffset(ctx context.Context, tx pgx.Tx, b *Batch, next int64) error {
 	var fence *int64
 	if b.Fence >= 0 {
 		fence = &b.Fence
 	}
 	tag, err := tx.Exec(ctx, `UPDATE `+w.offsets+` SET next_offset = $4, topic_id = coalesce($7::uuid, topic_id), updated_at = now()
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $5 AND next_offset IS NOT DISTINCT FROM $6::bigint`,
-		w.cfg.Group, b.Topic, b.Partition, b.NextOffset, b.Epoch, fence, b.TopicID)
+		w.cfg.Group, b.Topic, b.Partition, next, b.Epoch, fence, b.TopicID)
 	if err != nil {
 		return fmt.Errorf("store offset: %w", err)
 	}
@@ -899,7 +866,7 @@ WHERE consumer_group = $1 AND topic = $2 AND partition = $3 AND epoch = $5 AND n
 		return nil
 	}
 	fe := &FencedError{Group: w.cfg.Group, Topic: b.Topic, Partition: b.Partition,
-		Epoch: b.Epoch, Fence: b.Fence, Next: b.NextOffset, StoredEpoch: -1, StoredOffset: -1}
+		Epoch: b.Epoch, Fence: b.Fence, Next: next, StoredEpoch: -1, StoredOffset: -1}
 	err = tx.QueryRow(ctx, `SELECT epoch, coalesce(next_offset, -1) FROM `+w.offsets+`
 WHERE consumer_group = $1 AND topic = $2 AND partition = $3`, w.cfg.Group, b.Topic, b.Partition).Scan(&fe.StoredEpoch, &fe.StoredOffset)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
