@@ -86,7 +86,8 @@ func TestConsumerProtocolChurn(t *testing.T) {
 			t.Fatalf("the group runs the %q protocol, want consumer", got)
 		}
 		m1.stop(t) // leaves
-		m3 := e.start(e.protocolConfig("m3", consumer, ""), e.writer(0)) // no cache: Postgres alone dedups
+		// m3 has no cache: Postgres alone dedups.
+		m3 := e.start(e.protocolConfig("m3", consumer, ""), e.writer(0))
 		e.produceMessages(stream.Messages[third : 2*third])
 		e.waitProcessed(2500, 90*time.Second)
 		m2.c.Kill() // a SIGKILL: no leave, its partitions wait for its session to expire
