@@ -375,7 +375,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wg.Wait()
 	cl.Close()
 	if err := c.fencedBy.Load(); err != nil {
-		return *err // logged when it happened
+		c.ready.Store(err) // not ready any more, and why
+		return *err        // logged when it happened
 	}
 	if c.aborting.Load() {
 		if c.killed.Load() {

@@ -392,6 +392,9 @@ func TestDuplicateInstanceIDStopsTheFencedMember(t *testing.T) {
 		if !errors.Is(runErr, processor.ErrInstanceFenced) {
 			t.Fatalf("the fenced member's Run returned %v, want ErrInstanceFenced", runErr)
 		}
+		if err := first.c.Ready(); !errors.Is(err, processor.ErrInstanceFenced) {
+			t.Errorf("the fenced member's Ready() = %v, want ErrInstanceFenced", err)
+		}
 		if _, ok := logs.find(slog.LevelError, "another member joined with this member's instance id"); !ok {
 			t.Error("the fenced member logged no error")
 		}
