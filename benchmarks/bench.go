@@ -172,7 +172,14 @@ func (b *bench) newEnv(ctx context.Context, name string) (*env, error) {
 	}
 	if b.o.brokers == "" {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(b.o.partitions), e.topic),
-			kfake.GroupMinSessionTimeout(100*time.Millisecond))
+			kfake.GroupMinSessionTimeout(100*time.Millisecond),
+			// Under -group-protocol consumer the broker sets the session
+			// and the heartbeat: members.Tuned's, as under classic. (A
+			// real Kafka's are its own: 45s and 5s by default.)
+			kfake.BrokerConfigs(map[string]string{
+				"group.consumer.session.timeout.ms":    "3000",
+				"group.consumer.heartbeat.interval.ms": "300",
+			}))
 		if err != nil {
 			e.close()
 			return nil, err
@@ -282,6 +289,7 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 			g.mu.Unlock()
 		},
 	})
+	cfg.GroupProtocol = processor.GroupProtocol(b.o.groupProtocol)
 	if tune != nil {
 		tune(&cfg)
 	}

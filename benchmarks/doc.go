@@ -15,7 +15,10 @@
 //     processor.Consumer.Kill) stops it as SIGKILL would: no commit, no
 //     leave, its partitions wait for the 3s session timeout; -crash abort
 //     (processor.Consumer.Abort, the crash of results before 562cb71) rolls
-//     its transactions back and its client leaves the group as it closes;
+//     its transactions back and its client leaves the group as it closes.
+//     Under -group-protocol consumer (KIP-848; classic by default) the
+//     session timeout a killed member's partitions wait for is the
+//     broker's group.consumer.session.timeout.ms (45s by default);
 //   - replay: half-way, the group is stopped, its Kafka and Postgres
 //     offsets are rewound to the start, and it runs again: every record
 //     is read twice, and the second pass must apply nothing.

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/processor"
 )
 
 type options struct {
@@ -49,6 +50,8 @@ type options struct {
 	brokerPID   int
 	rounds      int
 	crash       string // kill | abort
+	// groupProtocol is the members' processor.GroupProtocol.
+	groupProtocol string
 }
 
 func parseFlags() (options, error) {
@@ -82,6 +85,8 @@ func parseFlags() (options, error) {
 		"times out, and a rebalance waits for that) or abort (its transactions roll back and its client leaves the group as it closes)")
 	flag.IntVar(&o.rounds, "rounds", 1, "run the scenarios, raw-copy and ceiling this many times, round by round, and report "+
 		"each one's median run by rate (rates move 10–20 % between identical runs on a small machine); the per-record baselines run once")
+	flag.StringVar(&o.groupProtocol, "group-protocol", string(processor.DefaultGroupProtocol), "the members' consumer-group protocol: classic, or consumer "+
+		"(KIP-848, Kafka 4.0+; its session timeout is the broker's group.consumer.session.timeout.ms, 45s by default, which a killed member's partitions wait for)")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
 	if o.short {
@@ -111,6 +116,9 @@ func parseFlags() (options, error) {
 	}
 	if o.crash != "kill" && o.crash != "abort" {
 		ps = append(ps, fmt.Errorf("-crash %q: kill or abort", o.crash))
+	}
+	if p := processor.GroupProtocol(o.groupProtocol); p != processor.ClassicProtocol && p != processor.ConsumerProtocol {
+		ps = append(ps, fmt.Errorf("-group-protocol %q: %s or %s", o.groupProtocol, processor.ClassicProtocol, processor.ConsumerProtocol))
 	}
 	if o.rounds < 1 {
 		ps = append(ps, errors.New("-rounds must be at least 1"))
@@ -145,7 +153,11 @@ type Report struct {
 	Handlers []string `json:"handlers"`
 	// Crash is how the storm's crashes stopped a member (-crash); empty in
 	// reports older than the flag, whose crashes aborted.
-	Crash     string    `json:"crash,omitempty"`
+	Crash string `json:"crash,omitempty"`
+	// GroupProtocol is the members' group protocol (-group-protocol);
+	// empty in reports older than the flag, which ran classic.
+	GroupProtocol string `json:"group_protocol,omitempty"`
+
 	StartedAt time.Time `json:"started_at"`
 	Runs      []*Run    `json:"runs"`
 	Ratios    []Ratio   `json:"ratios"`
@@ -223,7 +235,7 @@ func run(ctx context.Context, o options) error {
 		broker = "Apache Kafka at " + o.brokers
 	}
 	rep := &Report{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Build: build(""), Machine: machine(),
-		Broker: broker, Handlers: o.handlers, Crash: o.crash, StartedAt: time.Now().UTC()}
+		Broker: broker, Handlers: o.handlers, Crash: o.crash, GroupProtocol: o.groupProtocol, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
 	if o.spans {

@@ -36,8 +36,9 @@ func markdown(rep *Report) string {
 	if rep.Crash == "kill" {
 		crash = "killed (as SIGKILL: it stays in the group until its session times out)"
 	}
-	fmt.Fprintf(&b, "Command: `%s`  \nBuild: %s  \nMachine: %s  \nBroker: %s; handlers: %s; a storm's crashed member is %s; started %s\n\n",
-		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.Broker, strings.Join(rep.Handlers, ", "), crash, rep.StartedAt.Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Command: `%s`  \nBuild: %s  \nMachine: %s  \nBroker: %s; group protocol: %s; handlers: %s; a storm's crashed member is %s; started %s\n\n",
+		rep.Command, or(rep.Build, "not recorded"), rep.Machine, rep.Broker, or(rep.GroupProtocol, "classic"), strings.Join(rep.Handlers, ", "), crash,
+		rep.StartedAt.Format("2006-01-02 15:04 UTC"))
 	b.WriteString("| run | records | unique events | seconds | unique events/s | records consumed/s | skipped LRU / Postgres | batch p50 / p99 ms | changes | recovery median / max ms | checkpoints | peak RSS MiB | exactly once |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rep.Runs {

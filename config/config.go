@@ -57,6 +57,10 @@ type Kafka struct {
 	CommitInterval   time.Duration `mapstructure:"commit_interval"`
 	ProduceTimeout   time.Duration `mapstructure:"produce_timeout"`
 	OffsetOutOfRange string        `mapstructure:"offset_out_of_range"`
+	// GroupProtocol is classic or consumer (KIP-848); InstanceID, if set,
+	// makes the member static (KIP-345). See processor.Config.
+	GroupProtocol string `mapstructure:"group_protocol"`
+	InstanceID    string `mapstructure:"instance_id"`
 	// TLS and SASL reach a secured cluster (security.go).
 	TLS  KafkaTLS  `mapstructure:"tls"`
 	SASL KafkaSASL `mapstructure:"sasl"`
@@ -154,6 +158,8 @@ var defaults = map[string]any{
 	"kafka.commit_interval":                processor.DefaultCommitInterval,
 	"kafka.produce_timeout":                processor.DefaultProduceTimeout,
 	"kafka.offset_out_of_range":            string(processor.DefaultOffsetOutOfRange),
+	"kafka.group_protocol":                 string(processor.DefaultGroupProtocol),
+	"kafka.instance_id":                    "",
 	"batch.max_records":                    processor.DefaultBatchMaxRecords,
 	"batch.max_bytes":                      processor.DefaultBatchMaxBytes,
 	"batch.linger":                         processor.DefaultBatchLinger,
@@ -403,6 +409,12 @@ func (c Config) Validate() error {
 	}
 	if o := processor.OutOfRange(c.Kafka.OffsetOutOfRange); o != processor.ResumeAtLogStart && o != processor.PauseOnOutOfRange {
 		bad("kafka.offset_out_of_range", "%q is not %s or %s", c.Kafka.OffsetOutOfRange, processor.ResumeAtLogStart, processor.PauseOnOutOfRange)
+	}
+	if p := processor.GroupProtocol(c.Kafka.GroupProtocol); p != processor.ClassicProtocol && p != processor.ConsumerProtocol {
+		bad("kafka.group_protocol", "%q is not %s or %s", c.Kafka.GroupProtocol, processor.ClassicProtocol, processor.ConsumerProtocol)
+	}
+	if err := processor.CheckInstanceID(c.Kafka.InstanceID); err != nil {
+		bad("kafka.instance_id", "%v", err)
 	}
 	if c.Kafka.FetchMaxBytes < 1024 || c.Kafka.FetchMaxBytes > processor.MaxFetchBytes {
 		bad("kafka.fetch_max_bytes", "must be 1024..%d, got %d", processor.MaxFetchBytes, c.Kafka.FetchMaxBytes)

@@ -111,6 +111,17 @@ func TestLoadListsEveryProblem(t *testing.T) {
 			want: []string{"kafka.fetch_max_bytes: must be 1024..104857600, got 209715200"},
 		},
 		{
+			name: "group protocol and instance id",
+			file: "kafka:\n  group_protocol: next-gen\n  instance_id: \"pod 0/a\"\n",
+			want: []string{`kafka.group_protocol: "next-gen" is not classic or consumer`,
+				`kafka.instance_id: "pod 0/a" has ' ': only [a-zA-Z0-9._-] are allowed`},
+		},
+		{
+			name: "instance id too long",
+			env:  map[string]string{"ONCEFLOW_KAFKA_INSTANCE_ID": strings.Repeat("a", 250)},
+			want: []string{"kafka.instance_id: \"" + strings.Repeat("a", 250) + "\" is 250 characters, more than 249"},
+		},
+		{
 			name: "a duration without a unit",
 			file: "dedup:\n  retention: 604800\n",
 			want: []string{"'dedup.retention' 604800 is a number without a unit"},

@@ -19,7 +19,9 @@ import (
 // and take over within seconds, as the demo, the benchmark and tests need:
 // a 3s session, a 10s rebalance timeout, a 5s drain, heartbeats every 300ms and
 // metadata refreshed after 100ms (an injected leader error otherwise costs
-// 15s).
+// 15s). Under processor.ConsumerProtocol the session timeout and the
+// heartbeat interval are the broker's (group.consumer.session.timeout.ms,
+// group.consumer.heartbeat.interval.ms), and only the rest applies.
 func Tuned(c processor.Config) processor.Config {
 	c.SessionTimeout, c.RebalanceTimeout, c.DrainTimeout = 3*time.Second, 10*time.Second, 5*time.Second
 	c.KafkaOptions = append(append([]kgo.Opt(nil), c.KafkaOptions...),
@@ -29,10 +31,15 @@ func Tuned(c processor.Config) processor.Config {
 
 // InProcessConfig is what every in-process member of a group shares.
 type InProcessConfig struct {
-	Pool     *pgxpool.Pool
-	Consumer processor.Config // ClientID is set to each member's name
-	Writer   sink.Config      // Cache is made per member
-	LRUSize  int              // of each member's dedup cache; 0 disables it
+	Pool *pgxpool.Pool
+	// Consumer is every member's config, its GroupProtocol included.
+	// ClientID is set to each member's name. InstanceID, if set, makes
+	// the members static: each one's is InstanceID, "-" and its name, so
+	// members differ, and a member started again under a name it had
+	// keeps its place in the group.
+	Consumer processor.Config
+	Writer   sink.Config // Cache is made per member
+	LRUSize  int         // of each member's dedup cache; 0 disables it
 	// Kill makes Crash a SIGKILL's (processor.Consumer.Kill): the member
 	// stays in the group until its session times out. Otherwise Crash
 	// aborts it (processor.Consumer.Abort), and its client leaves the
@@ -59,6 +66,9 @@ func InProcess(cfg InProcessConfig) Starter {
 		}
 		cc := cfg.Consumer
 		cc.ClientID = name
+		if cc.InstanceID != "" {
+			cc.InstanceID += "-" + name
+		}
 		c, err := processor.New(cc, w)
 		if err != nil {
 			return nil, err

@@ -52,7 +52,13 @@ func newEnv(t *testing.T, partitions int32, real []string) *env {
 	e := &env{topic: "orders-" + hex.EncodeToString(r[:]), group: "g-" + hex.EncodeToString(r[:])}
 	if real == nil {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, e.topic),
-			kfake.GroupMinSessionTimeout(100*time.Millisecond))
+			kfake.GroupMinSessionTimeout(100*time.Millisecond),
+			// The consumer protocol's session and heartbeat are the
+			// broker's: as Tuned's.
+			kfake.BrokerConfigs(map[string]string{
+				"group.consumer.session.timeout.ms":    "3000",
+				"group.consumer.heartbeat.interval.ms": "300",
+			}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,11 +126,20 @@ func (e *env) produce(t *testing.T, s orders.Stream) {
 
 // Members join, leave and crash while a stream with redeliveries is
 // consumed; the group waits until everything committed, stops every
-// member, and the effects are exactly once.
-func TestGroupChurnsAndStops(t *testing.T) { eachBroker(t, groupChurnsAndStops) }
+// member, and the effects are exactly once: under both group protocols,
+// passed to the members in InProcessConfig.Consumer.
+func TestGroupChurnsAndStops(t *testing.T) {
+	for _, p := range []processor.GroupProtocol{processor.ClassicProtocol, processor.ConsumerProtocol} {
+		t.Run(string(p), func(t *testing.T) {
+			eachBroker(t, func(t *testing.T, real []string) { groupChurnsAndStops(t, real, p) })
+		})
+	}
+}
 
-func groupChurnsAndStops(t *testing.T, real []string) {
+func groupChurnsAndStops(t *testing.T, real []string, protocol processor.GroupProtocol) {
 	e := newEnv(t, 4, real)
+	e.cfg.Consumer.GroupProtocol = protocol
+	e.start = members.InProcess(e.cfg)
 	stream, err := orders.Generate(3000, 0.3, 11)
 	if err != nil {
 		t.Fatal(err)
@@ -264,5 +279,51 @@ func crashLeaves(t *testing.T, real []string, kill bool) {
 	if want := map[bool]int{true: 1, false: 0}[kill]; len(d.Members) != want {
 		t.Errorf("kill %v: %d members in the group %v after the crash (state %s), want %d", kill,
 			len(d.Members), time.Since(crashed), d.State, want)
+	}
+}
+
+// With InProcessConfig.Consumer.InstanceID set, each member is static
+// under an id of its own: the prefix and its name. Two members of one
+// group with one id would fence each other.
+func TestInProcessInstanceIDs(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.cfg.Consumer.InstanceID = "bench"
+	g := members.NewGroup(members.InProcess(e.cfg))
+	defer func() {
+		if err := g.StopAll(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for range 2 {
+		if _, err := g.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for {
+		described, err := kadm.NewClient(cl).DescribeGroups(ctx, e.group)
+		if err == nil {
+			var got []string
+			for _, m := range described[e.group].Members {
+				if m.InstanceID != nil {
+					got = append(got, *m.InstanceID)
+				}
+			}
+			slices.Sort(got)
+			if slices.Equal(got, []string{"bench-member-1", "bench-member-2"}) {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the group's members never had the instance ids bench-member-1 and bench-member-2 (last: %v, %v)", described, err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

@@ -62,7 +62,26 @@ type Config struct {
 	// Default 1s. Postgres holds the true offset, so a lagging Kafka commit
 	// costs no replay.
 	CommitInterval time.Duration
-	// SessionTimeout and RebalanceTimeout are the group's; defaults 10s and 30s.
+	// GroupProtocol is the consumer-group protocol: ClassicProtocol (the
+	// default) or ConsumerProtocol (KIP-848, Kafka 4.0+); see protocol.go.
+	// Members of one group should use the same.
+	GroupProtocol GroupProtocol
+	// InstanceID, if set, makes the member static (KIP-345): it keeps its
+	// place in the group across a restart. A member that stops (Kill,
+	// Abort, or Run's drain: a static member does not leave the group) and
+	// comes back with the same InstanceID within the session timeout gets
+	// its partitions back with no rebalance; until then they have no
+	// owner, and no other member is assigned them. Each member of a
+	// group needs its own. Two running members with one InstanceID: under
+	// ClassicProtocol the one that joined last takes the partitions and
+	// the other stops (Run returns ErrInstanceFenced); under
+	// ConsumerProtocol the broker refuses the one that joined last, which
+	// logs an error and consumes nothing until the other leaves or its
+	// session times out. At most 249 of [a-zA-Z0-9._-].
+	InstanceID string
+	// SessionTimeout and RebalanceTimeout are the group's; defaults 10s
+	// and 30s. Under ConsumerProtocol the session timeout is the broker's
+	// (group.consumer.session.timeout.ms) and SessionTimeout is not used.
 	SessionTimeout   time.Duration
 	RebalanceTimeout time.Duration
 	// DrainTimeout bounds finishing in-flight batches on revoke or
@@ -181,6 +200,9 @@ func (c Config) withDefaults() Config {
 	if c.OffsetOutOfRange == "" {
 		c.OffsetOutOfRange = DefaultOffsetOutOfRange
 	}
+	if c.GroupProtocol == "" {
+		c.GroupProtocol = DefaultGroupProtocol
+	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.TraceContext{}
 	}
@@ -241,6 +263,12 @@ func (c Config) Validate() error {
 	}
 	if c.OffsetOutOfRange != ResumeAtLogStart && c.OffsetOutOfRange != PauseOnOutOfRange {
 		bad("OffsetOutOfRange %q is not %q or %q", c.OffsetOutOfRange, ResumeAtLogStart, PauseOnOutOfRange)
+	}
+	if c.GroupProtocol != ClassicProtocol && c.GroupProtocol != ConsumerProtocol {
+		bad("GroupProtocol %q is not %q or %q", c.GroupProtocol, ClassicProtocol, ConsumerProtocol)
+	}
+	if err := CheckInstanceID(c.InstanceID); err != nil {
+		bad("InstanceID %v", err)
 	}
 	if err := c.Decode.Validate(); err != nil {
 		ps = append(ps, err)

@@ -34,3 +34,45 @@ func TestValidateFetchSizes(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateGroupProtocol(t *testing.T) {
+	base := processor.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"t"}, Group: "g"}
+	for _, tc := range []struct {
+		name       string
+		protocol   processor.GroupProtocol
+		instanceID string
+		want       []string // empty: valid
+	}{
+		{"defaults", "", "", nil},
+		{"consumer, static", processor.ConsumerProtocol, "onceflow-0", nil},
+		{"classic, static", processor.ClassicProtocol, "a.b_c-9", nil},
+		{"unknown protocol", "cooperative", "", []string{`GroupProtocol "cooperative" is not "classic" or "consumer"`}},
+		{"instance id with a space", "", "pod 0", []string{`InstanceID "pod 0" has ' '`}},
+		{"instance id dot", "", "..", []string{`InstanceID ".." may not be . or ..`}},
+		{"instance id too long", "", strings.Repeat("x", 250), []string{"is 250 characters, more than 249"}},
+		{"both wrong, both said", "v2", "a/b", []string{`GroupProtocol "v2"`, `InstanceID "a/b" has '/'`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			c.GroupProtocol, c.InstanceID = tc.protocol, tc.instanceID
+			err := c.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Errorf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate() = nil, want errors containing %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Validate() = %v, want an error containing %q", err, w)
+				}
+			}
+			if _, nerr := processor.New(c, nil); nerr == nil || !strings.Contains(nerr.Error(), tc.want[0]) {
+				t.Errorf("New() = %v, want the same problems as Validate", nerr)
+			}
+		})
+	}
+}

@@ -127,6 +127,11 @@ type Consumer struct {
 	// repeats holds back log lines said again soon: fetch errors and
 	// franz-go's own warnings.
 	repeats repeats
+	// commits says each Kafka commit refused for the member's epoch once
+	// (offsets.go); fencedBy is set when another member took this one's
+	// instance id (protocol.go).
+	commits  commitNotes
+	fencedBy atomic.Pointer[error]
 
 	mu    sync.Mutex
 	parts map[tp]*partition // the partitions assigned to this member now
@@ -316,8 +321,9 @@ func (c *Consumer) queued() (records, bytes int64) {
 // Brokers that do not answer are waited for (Ready says why), never a
 // reason to return. Run returns only after every goroutine it started has
 // exited. It returns an error only if the Kafka client cannot be created
-// from the options; a canceled ctx, Abort or Kill is a clean stop and
-// returns nil.
+// from the options, or ErrInstanceFenced (wrapped) when another member
+// took this one's InstanceID under the classic protocol; a canceled ctx,
+// Abort or Kill is a clean stop and returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return errors.New("processor: Run called twice")
@@ -369,6 +375,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); c.checkHorizon(bg, cl) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); c.checkProtocol(bg, cl) }()
 
 	c.poll(runCtx, cl)
 
@@ -376,6 +384,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stopBG()
 	wg.Wait()
 	cl.Close()
+	if err := c.fencedBy.Load(); err != nil {
+		c.ready.Store(err) // not ready any more, and why
+		return *err        // logged when it happened
+	}
 	if c.aborting.Load() {
 		if c.killed.Load() {
 			c.log.Warn("consumer killed: in-flight batches rolled back, no Kafka offset committed, the group not left", "group", c.cfg.Group)
@@ -389,7 +401,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 func (c *Consumer) clientOptions() []kgo.Opt {
-	return []kgo.Opt{
+	return append([]kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ClientID(c.cfg.ClientID),
 		kgo.ConsumerGroup(c.cfg.Group),
@@ -411,7 +423,7 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.WithHooks(fetchCounter{&c.stats.fetched}),
 		kgo.RecordDeliveryTimeout(c.cfg.ProduceTimeout),
 		kgo.WithLogger(kgoLogger{c.log, &c.repeats}),
-	}
+	}, c.protocolOptions()...)
 }
 
 // fetchMaxWait is how long the broker may hold a fetch open waiting for
@@ -789,9 +801,7 @@ func (c *Consumer) revoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
-	if err := c.commit(cctx, cl, "revoke"); err != nil {
-		c.log.Warn("commit offsets on revoke", "err", err)
-	}
+	_ = c.commit(cctx, cl, "revoke") // logged by commitDone
 	if n > 0 {
 		c.log.Info("partitions revoked", "partitions", revoked)
 	}
@@ -809,7 +819,7 @@ func (c *Consumer) lost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error {
 	ctx, span := c.tracer.Start(ctx, "kafka.commit_offsets", trace.WithAttributes(attribute.String("onceflow.reason", why)))
 	defer span.End()
-	err := cl.CommitMarkedOffsets(ctx)
+	err := c.commitMarked(ctx, cl)
 	if err != nil {
 		span.RecordError(err)
 	}
@@ -885,12 +895,8 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 	}
 	ctx, cancel := context.WithTimeout(c.hard, c.cfg.CallTimeout)
 	defer cancel()
-	if err := c.commit(ctx, cl, "shutdown"); err != nil {
-		c.log.Warn("commit offsets on shutdown", "err", err)
-	}
-	if err := cl.LeaveGroupContext(ctx); err != nil {
-		c.log.Warn("leave group", "group", c.cfg.Group, "err", err)
-	}
+	_ = c.commit(ctx, cl, "shutdown") // logged by commitDone
+	c.leaveGroup(ctx, cl)
 }
 
 // watchBrokers asks the brokers every few seconds whether they answer and
@@ -989,6 +995,9 @@ type kgoLogger struct {
 func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 
 func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if msg == kgoCommitRefused {
+		return // said by commitDone, an epoch refusal once
+	}
 	lv := slog.LevelWarn
 	if level == kgo.LogLevelError {
 		lv = slog.LevelError

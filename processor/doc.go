@@ -135,6 +135,16 @@
 //     start; a topic not recreated yet is waited for, as a missing one.
 //     Each member of the group does so for the partitions it fetches.
 //
+// The callbacks come the same way under both group protocols
+// (Config.GroupProtocol): under KIP-848's the broker assigns and revokes
+// partitions a few at a time, as the cooperative-sticky balancer does
+// under the classic one. A Kafka commit refused for the member's epoch
+// (STALE_MEMBER_EPOCH, FENCED_MEMBER_EPOCH) is logged once per partition
+// and epoch and changes nothing: the offsets stored in Postgres are the
+// truth. A static member (Config.InstanceID) keeps its place in the group
+// when it stops, and gets its partitions back if it returns within the
+// session timeout.
+//
 // On context cancellation Run drains within DrainTimeout, commits, leaves
 // the group and returns; Abort ends it at once, as a crash would, and its
 // client still leaves the group as it closes; Kill also keeps the client

@@ -68,6 +68,7 @@ func startKfake(t *testing.T, topic string, partitions int32, extra ...string) [
 	c, err := kfake.NewCluster(
 		kfake.NumBrokers(1),
 		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+		kfake848,
 	)
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
@@ -77,6 +78,14 @@ func startKfake(t *testing.T, topic string, partitions int32, extra ...string) [
 	createTopics(t, seeds, partitions, append([]string{topic}, extra...)...)
 	return seeds
 }
+
+// kfake848 gives kfake's consumer-protocol (KIP-848) groups the session
+// and heartbeat the tests give classic groups (config): the broker, not
+// the member, sets them under that protocol.
+var kfake848 = kfake.BrokerConfigs(map[string]string{
+	"group.consumer.session.timeout.ms":    "3000",
+	"group.consumer.heartbeat.interval.ms": "300",
+})
 
 // createTopics creates the first topic with the given partitions and the
 // others with one, and deletes them at cleanup.

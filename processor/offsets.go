@@ -2,11 +2,15 @@ package processor
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/onceflow/onceflow/sink"
 )
@@ -111,4 +115,112 @@ func (c *Consumer) logStart(ctx context.Context, cl *kgo.Client, k tp) (int64, e
 		return 0, fmt.Errorf("no start offset for %s/%d", k.topic, k.partition)
 	}
 	return s.Offset, nil
+}
+
+// Kafka offset commits.
+//
+// Postgres holds each partition's true offset, fenced by epoch, and a
+// partition's next owner starts there; the group's committed offset in
+// Kafka is a hint for tools (lag) and for a partition Postgres has no row
+// for. A commit Kafka refuses therefore loses nothing and doubles nothing:
+// the offset is committed again by the next commit of the partition's
+// owner. Refusals are logged, never retried by onceflow, never a reason
+// to stop a worker.
+//
+// Under the consumer protocol (KIP-848) a commit carries the member's
+// epoch, and brokers before Kafka 4.3 refuse with STALE_MEMBER_EPOCH a
+// commit sent as the epoch moves on (franz-go retries it with the new
+// epoch, dropping the partitions no longer owned, but not forever), or
+// with FENCED_MEMBER_EPOCH one from a member fenced since. Such a
+// refusal is said once per partition and member epoch, at info.
+
+// kgoCommitRefused is franz-go's line for each partition of a commit
+// Kafka refused, with the offsets: a line per partition and commit, which
+// the repeats cannot hold back (the offsets change with every commit).
+// The Consumer's commit callback (commitDone) sees every commit and says
+// the same, so the line is dropped.
+const kgoCommitRefused = "unable to commit offset for topic partition"
+
+// commitNotes remembers, per partition, the last member epoch whose
+// commit refusal was logged. It is safe for concurrent use; it holds at
+// most one entry per partition ever assigned.
+type commitNotes struct {
+	mu   sync.Mutex
+	last map[tp]int32
+}
+
+// first reports whether k's refusal at epoch is the first said.
+func (n *commitNotes) first(k tp, epoch int32) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.last == nil {
+		n.last = map[tp]int32{}
+	}
+	if e, ok := n.last[k]; ok && e == epoch {
+		return false
+	}
+	n.last[k] = epoch
+	return true
+}
+
+// epochRefused reports whether err is a commit refused for the member's
+// epoch (KIP-848), which costs nothing (see above).
+func epochRefused(err error) bool {
+	return errors.Is(err, kerr.StaleMemberEpoch) || errors.Is(err, kerr.FencedMemberEpoch)
+}
+
+// commitDone is called with the outcome of every Kafka commit, background
+// or synchronous (revoke, shutdown), and logs what failed: an epoch
+// refusal once per partition and epoch, other errors with repeats held
+// back. It returns the first error of the commit, nil when every
+// partition was committed or refused only for its epoch.
+func (c *Consumer) commitDone(_ *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) error {
+	if err != nil {
+		if errors.Is(err, context.Canceled) || c.aborting.Load() {
+			return err
+		}
+		if ok, held := c.repeats.allow(fmt.Sprint("commit", err), time.Now()); ok {
+			c.log.Warn("commit offsets to kafka; the offsets stored in postgres are not affected", "group", c.cfg.Group, "err", err, "repeated", held)
+		}
+		return err
+	}
+	var first error
+	for _, t := range resp.Topics {
+		topic := t.Topic
+		for _, rt := range req.Topics {
+			if topic == "" && rt.TopicID == t.TopicID { // v10+ answers with topic ids only
+				topic = rt.Topic
+			}
+		}
+		for _, p := range t.Partitions {
+			perr := kerr.ErrorForCode(p.ErrorCode)
+			switch {
+			case perr == nil:
+			case epochRefused(perr):
+				if c.commits.first(tp{topic, p.Partition}, req.Generation) {
+					c.log.Info("kafka refused an offset commit for this member's epoch; ignored, the offset stored in postgres is the truth",
+						"topic", topic, "partition", p.Partition, "member_epoch", req.Generation, "err", perr)
+				}
+			default:
+				if first == nil {
+					first = perr
+				}
+				if ok, held := c.repeats.allow(fmt.Sprint("commit", topic, p.Partition, perr), time.Now()); ok {
+					c.log.Warn("commit offset to kafka; the offset stored in postgres is not affected",
+						"topic", topic, "partition", p.Partition, "err", perr, "repeated", held)
+				}
+			}
+		}
+	}
+	return first
+}
+
+// commitMarked synchronously commits the marked offsets, logging what
+// failed through commitDone, and returns its error.
+func (c *Consumer) commitMarked(ctx context.Context, cl *kgo.Client) error {
+	var rerr error
+	cl.CommitOffsetsSync(ctx, cl.MarkedOffsets(), func(cl *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		rerr = c.commitDone(cl, req, resp, err)
+	})
+	return rerr
 }

@@ -94,6 +94,8 @@ func (a *app) consumerTuning(name string) processor.Config {
 		OffsetOutOfRange: processor.OutOfRange(k.OffsetOutOfRange),
 		KafkaOptions:     slices.Clone(a.kafkaSecurity), // tracing is the pipeline's (kotel)
 
+		GroupProtocol: processor.GroupProtocol(k.GroupProtocol), InstanceID: k.InstanceID,
+
 		FetchMaxBytes: k.FetchMaxBytes, FetchMaxPartitionBytes: k.FetchMaxPartitionBytes,
 	}
 }

@@ -37,6 +37,33 @@ func TestConsumerTuningFetchSizes(t *testing.T) {
 	})
 }
 
+// kafka.group_protocol and kafka.instance_id reach the consumer, from the
+// defaults and from the environment.
+func TestConsumerTuningGroupProtocol(t *testing.T) {
+	load := func(t *testing.T) processor.Config {
+		t.Helper()
+		cfg, err := config.Load("", nil, binds, config.Default{Key: "handlers", Value: registry.names})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return (&app{cfg: cfg}).consumerTuning("m")
+	}
+	t.Run("defaults", func(t *testing.T) {
+		c := load(t)
+		if c.GroupProtocol != processor.ClassicProtocol || c.InstanceID != "" {
+			t.Errorf("group protocol, instance id = %q, %q, want %q, \"\"", c.GroupProtocol, c.InstanceID, processor.ClassicProtocol)
+		}
+	})
+	t.Run("environment", func(t *testing.T) {
+		t.Setenv("ONCEFLOW_KAFKA_GROUP_PROTOCOL", "consumer")
+		t.Setenv("ONCEFLOW_KAFKA_INSTANCE_ID", "onceflow-0")
+		c := load(t)
+		if c.GroupProtocol != processor.ConsumerProtocol || c.InstanceID != "onceflow-0" {
+			t.Errorf("group protocol, instance id = %q, %q, want consumer, onceflow-0", c.GroupProtocol, c.InstanceID)
+		}
+	})
+}
+
 // The demo's handlers share one parse of each order (sink.Config.Parse);
 // a configuration of SQL handlers only gets none.
 func TestWriterTuningParse(t *testing.T) {

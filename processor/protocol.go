@@ -1,0 +1,204 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// GroupProtocol is the consumer-group protocol a Consumer joins its group
+// with.
+type GroupProtocol string
+
+const (
+	// ClassicProtocol is Kafka's JoinGroup/SyncGroup protocol, with
+	// franz-go's cooperative-sticky balancer: every membership change is a
+	// group-wide round of joins, in which members keep the partitions
+	// they are not asked to give up.
+	ClassicProtocol GroupProtocol = "classic"
+	// ConsumerProtocol is KIP-848's protocol (Kafka 4.0 and later): the
+	// broker assigns partitions and each member reconciles through its
+	// heartbeats, with no group-wide barrier. Its session timeout and
+	// heartbeat interval are the broker's (group.consumer.session.timeout.ms,
+	// 45s by default, and group.consumer.heartbeat.interval.ms, 5s), not
+	// Config.SessionTimeout. A broker that does not offer it makes the
+	// member fall back to ClassicProtocol, with a warning.
+	ConsumerProtocol GroupProtocol = "consumer"
+	// DefaultGroupProtocol is Config.GroupProtocol's default.
+	DefaultGroupProtocol = ClassicProtocol
+)
+
+// ErrInstanceFenced is what Run returns when, under ClassicProtocol,
+// another member joined the group with this member's InstanceID: the
+// broker gave it this member's partitions and fences this one. The
+// member stops rather than rejoin, which would take the partitions back
+// and fence the other member in turn, the two taking turns for as long
+// as both run.
+var ErrInstanceFenced = errors.New("processor: another member joined the group with this member's instance id")
+
+// CheckInstanceID returns why id cannot be a Config.InstanceID, or nil:
+// the broker holds a group.instance.id to a topic name's rules. The empty
+// id, a member that is not static, is valid.
+func CheckInstanceID(id string) error {
+	switch {
+	case id == "":
+		return nil
+	case len(id) > 249:
+		return fmt.Errorf("%q is %d characters, more than 249", id, len(id))
+	case id == "." || id == "..":
+		return fmt.Errorf("%q may not be . or ..", id)
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("%q has %q: only [a-zA-Z0-9._-] are allowed", id, r)
+		}
+	}
+	return nil
+}
+
+// protocolOptions are the client options of cfg's group protocol and
+// static membership.
+//
+// Under ConsumerProtocol franz-go runs the group as it runs a
+// cooperative one: OnPartitionsAssigned is called with the partitions
+// just added, OnPartitionsRevoked with those just taken away (after which
+// the member tells the broker it released them), OnPartitionsLost with
+// all the member had when its membership ends (a fenced epoch, a session
+// that expired), each of them possibly empty. These are the calls the
+// classic cooperative-sticky balancer makes, so workers start and stop
+// the same way under both protocols.
+func (c *Consumer) protocolOptions() []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.AutoCommitCallback(func(cl *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+			_ = c.commitDone(cl, req, resp, err) // logged there; the next commit tries again
+		}),
+		kgo.WithHooks(groupErrors{c}),
+	}
+	if c.cfg.GroupProtocol == ConsumerProtocol {
+		// With the default cooperative-sticky balancer, the broker's
+		// "uniform" assignor.
+		opts = append(opts, kgo.ServerSideBalancer())
+	}
+	if c.cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
+	}
+	return opts
+}
+
+// groupErrors acts on the errors that end a group session.
+type groupErrors struct{ c *Consumer }
+
+// OnGroupManageError implements kgo.HookGroupManageError. It is called
+// after OnPartitionsLost has stopped the workers.
+func (h groupErrors) OnGroupManageError(err error) {
+	c := h.c
+	switch {
+	case errors.Is(err, kerr.FencedInstanceID):
+		// Classic protocol: the other member has our partitions now.
+		// Stop here, saying nothing more to the brokers: a rejoin
+		// would fence it in turn.
+		ferr := fmt.Errorf("%w: %q in group %s (kafka.instance_id must differ between members)", ErrInstanceFenced, c.cfg.InstanceID, c.cfg.Group)
+		if c.fencedBy.CompareAndSwap(nil, &ferr) {
+			c.log.Error("another member joined with this member's instance id and took its partitions; this member stops",
+				"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err)
+		}
+		c.abort(true)
+	case errors.Is(err, kerr.UnreleasedInstanceID):
+		// Consumer protocol: a live member holds our instance id; the
+		// broker keeps refusing us until it leaves or its session
+		// expires, and franz-go keeps asking.
+		if ok, held := c.repeats.allow("unreleased instance id", time.Now()); ok {
+			c.log.Error("another live member holds this member's instance id; this member consumes nothing until that member leaves or its session times out",
+				"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err, "repeated", held)
+		}
+	}
+}
+
+// checkProtocol says, once the member has joined, which protocol the
+// group runs, and warns when it is not the one asked for: franz-go falls
+// back to the classic protocol when the brokers do not offer KIP-848 (a
+// Kafka before 4.0, or one with the consumer protocol disabled), and a
+// broker lets a classic member join a consumer-protocol group.
+func (c *Consumer) checkProtocol(ctx context.Context, cl *kgo.Client) {
+	for {
+		if _, gen := cl.GroupMetadata(); gen > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	var running string
+	for attempt := range 5 {
+		lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		groups, err := kadm.NewClient(cl).ListGroups(lctx)
+		cancel()
+		if err == nil {
+			if g, ok := groups[c.cfg.Group]; ok {
+				running = g.GroupType
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(attempt+1) * time.Second):
+		}
+	}
+	switch {
+	case running == "":
+		c.log.Info("consumer group joined; the brokers do not say which protocol it runs", "group", c.cfg.Group,
+			"group_protocol", c.cfg.GroupProtocol)
+	case running != string(c.cfg.GroupProtocol):
+		c.log.Warn("the consumer group runs another protocol than kafka.group_protocol asks for: the brokers do not offer it "+
+			"(the consumer protocol needs Kafka 4.0 or later with group.coordinator.rebalance.protocols including consumer), "+
+			"or the group already runs the other one", "group", c.cfg.Group, "group_protocol", c.cfg.GroupProtocol, "running", running)
+	default:
+		c.log.Info("consumer group joined", "group", c.cfg.Group, "group_protocol", running, "instance_id", c.cfg.InstanceID)
+	}
+}
+
+// leaveGroup leaves the group at the end of Run's drain, logging a
+// failure. A dynamic member leaves for good: its partitions are assigned
+// again at once. A static member under ClassicProtocol sends nothing
+// (franz-go's rule: the group keeps its place until the session timeout).
+// A static member under ConsumerProtocol leaves for now (member epoch -2,
+// with its instance id): the broker keeps its partitions for it until the
+// session timeout, and a member with the same instance id that joins
+// meanwhile takes them back with no rebalance.
+//
+// franz-go v1.22.3 sends that temporary leave without the instance id,
+// which Kafka 4.1 refuses (INVALID_REQUEST: InstanceId can't be null): the
+// member would stay in the group, and its restart be refused
+// (UNRELEASED_INSTANCE_ID) until the session expired, its partitions then
+// going to the other members. So once franz-go's leave has ended the
+// member's heartbeats, the leave is sent again, complete.
+func (c *Consumer) leaveGroup(ctx context.Context, cl *kgo.Client) {
+	member, _ := cl.GroupMetadata()
+	err := cl.LeaveGroupContext(ctx)
+	if c.cfg.GroupProtocol == ConsumerProtocol && c.cfg.InstanceID != "" && member != "" {
+		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		req.Group, req.MemberID, req.MemberEpoch = c.cfg.Group, member, -2
+		req.InstanceID = kmsg.StringPtr(c.cfg.InstanceID)
+		resp, rerr := req.RequestWith(ctx, cl)
+		if rerr == nil {
+			rerr = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		if rerr == nil || errors.Is(rerr, kerr.UnknownMemberID) { // gone already: franz-go's leave was taken
+			err = nil
+		} else {
+			err = errors.Join(err, fmt.Errorf("static leave: %w", rerr))
+		}
+	}
+	if err != nil {
+		c.log.Warn("leave group", "group", c.cfg.Group, "err", err)
+	}
+}
