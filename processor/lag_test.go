@@ -20,7 +20,7 @@ func TestLagOfEmptyPartitionsIsZero(t *testing.T) {
 		m := metrics.New()
 		first := e.start(e.config("lag-1"), e.writer(100))
 		m.Add(first.c, nil)
-		waitWorkers(t, 2, first)
+		waitWorkersEach(t, 2, first)
 		lag := first.c.Lag()
 		if len(lag) != 2 {
 			t.Fatalf("Lag() = %+v with 2 empty partitions assigned, want both with lag 0", lag)
@@ -40,7 +40,7 @@ func TestLagOfEmptyPartitionsIsZero(t *testing.T) {
 
 		// A second member takes one of the partitions: each reports its own.
 		second := e.start(e.config("lag-2"), e.writer(100))
-		waitWorkers(t, 1, first, second)
+		waitWorkersEach(t, 1, first, second)
 		l1, l2 := first.c.Lag(), second.c.Lag()
 		if len(l1) != 1 || len(l2) != 1 || l1[0].Partition == l2[0].Partition || l1[0].Lag != 0 || l2[0].Lag != 0 {
 			t.Errorf("after the rebalance: Lag() = %+v and %+v, want one partition each, lag 0", l1, l2)
@@ -55,7 +55,8 @@ func TestLagOfEmptyPartitionsIsZero(t *testing.T) {
 
 // waitWorkers waits until each member runs n partition workers, failing
 // after 60s.
-func waitWorkers(t *testing.T, n int64, ms ...*member) {
+// waitWorkersEach waits until each of ms runs n partition workers.
+func waitWorkersEach(t *testing.T, n int64, ms ...*member) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for slices.ContainsFunc(ms, func(m *member) bool { return m.c.Stats().Workers != n }) {
