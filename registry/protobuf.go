@@ -1,0 +1,52 @@
+package registry
+
+import (
+	"bytes"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// decodeProtobuf reads body as the message index names and returns it in
+// the canonical proto3 JSON mapping, with the .proto's field names and
+// every field present (an unset scalar as its zero value, an unset message
+// as null), so that a SQL handler finds each field it expects.
+func (s *schema) decodeProtobuf(index []int, body []byte) ([]byte, error) {
+	md, err := s.message(index)
+	if err != nil {
+		return nil, err
+	}
+	m := dynamicpb.NewMessage(md)
+	if err := (proto.UnmarshalOptions{Resolver: s.types, RecursionLimit: maxDepth}).Unmarshal(body, m); err != nil {
+		return nil, s.dataError("the body is not a valid %s: %v", md.FullName(), err)
+	}
+	out, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Resolver: s.types}.Marshal(m)
+	if err != nil {
+		return nil, s.dataError("%s cannot be written as JSON: %v", md.FullName(), err)
+	}
+	if bytes.Contains(out, []byte(`\u0000`)) {
+		return nil, s.dataError(`%s holds a NUL character (\u0000), which Postgres cannot store`, md.FullName())
+	}
+	return out, nil
+}
+
+// message resolves a message-index array: the first index among the
+// file's top-level messages, each next among the previous one's nested
+// messages.
+func (s *schema) message(index []int) (protoreflect.MessageDescriptor, error) {
+	if len(index) == 0 {
+		index = []int{0}
+	}
+	msgs := s.file.Messages()
+	var md protoreflect.MessageDescriptor
+	for depth, i := range index {
+		if i < 0 || i >= msgs.Len() {
+			return nil, s.dataError("message index %v: no message %d at depth %d (%d there)", index, i, depth, msgs.Len())
+		}
+		md = msgs.Get(i)
+		msgs = md.Messages()
+	}
+	return md, nil
+}
