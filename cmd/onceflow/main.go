@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/outbox"
+	schemaregistry "github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -99,6 +100,9 @@ type app struct {
 	// client of kafka.brokers takes them (kafkaOptions). They hold the
 	// password: never log them.
 	kafkaSecurity []kgo.Opt
+	// schemas reads decode.format avro and protobuf (decode.schema_registry);
+	// nil with json and bytes.
+	schemas *schemaregistry.Decoder
 }
 
 func load(cmd *cobra.Command) (*app, error) {
@@ -114,7 +118,11 @@ func load(cmd *cobra.Command) (*app, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	return &app{cfg: cfg, log: newLogger(cfg.Log), kafkaSecurity: security}, nil
+	a := &app{cfg: cfg, log: newLogger(cfg.Log), kafkaSecurity: security}
+	if a.schemas, err = newSchemaDecoder(cfg.Decode); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return a, nil
 }
 
 func newLogger(c config.Log) *slog.Logger {

@@ -67,6 +67,9 @@ func (a *app) run(ctx context.Context) (err error) {
 		if err := a.checkSQLHandlers(ctx, pool); err != nil {
 			return err
 		}
+		if err := a.checkSchemaRegistry(ctx); err != nil {
+			return err
+		}
 		waitingKafka.Store(true)
 		defer waitingKafka.Store(false)
 		return a.whenKafka(ctx, a.cfg.Kafka.Brokers)
@@ -91,7 +94,7 @@ func (a *app) run(ctx context.Context) (err error) {
 	}
 	stop := abortOnSecondSignal(ctx, a.log, p.Abort)
 	defer stop()
-	return p.Run(ctx)
+	return schemaRegistryRefused(p.Run(ctx))
 }
 
 // stopServer stops srv within 5s, also when ctx has ended.
