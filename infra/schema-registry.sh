@@ -47,6 +47,11 @@ build() {
 }
 
 start() {
+  # One start at a time: a second one (make test while .ci/run's background
+  # start builds) waits for the first, then finds the registry running.
+  mkdir -p "$dir"
+  exec 9>"$dir/start.lock"
+  flock 9
   if running && ready; then echo "$url"; return; fi
   if ! running && listening; then
     echo "infra/schema-registry.sh: 127.0.0.1:$port is in use by a process this script did not start (pid file $pidfile); stop it or set SCHEMA_REGISTRY_PORT" >&2
@@ -59,7 +64,7 @@ start() {
     # prod profile, H2 in memory; Sentry and the UI's OIDC stay off.
     HTTP_PORT=$port QUARKUS_HTTP_HOST=127.0.0.1 REGISTRY_UI_FEATURES_READONLY=true \
       nohup java "-Xms$heap" "-Xmx$heap" -XX:+UseG1GC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
-      -jar "$jar" >"$dir/logs/registry.log" 2>&1 &
+      -jar "$jar" >"$dir/logs/registry.log" 2>&1 9>&- &
     echo $! >"$pidfile"
   fi
   for _ in $(seq 1 240); do
