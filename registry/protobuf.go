@@ -2,6 +2,7 @@ package registry
 
 import (
 	"bytes"
+	"encoding/json"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -26,6 +27,14 @@ func (s *schema) decodeProtobuf(index []int, body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, s.dataError("%s cannot be written as JSON: %v", md.FullName(), err)
 	}
+	// protojson varies its whitespace from build to build on purpose; the
+	// payload's digest (the dedup's conflict check) must not: one compact
+	// form, the same from every version of onceflow.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, out); err != nil {
+		return nil, s.dataError("%s written as JSON is not valid JSON: %v", md.FullName(), err)
+	}
+	out = compact.Bytes()
 	if bytes.Contains(out, []byte(`\u0000`)) {
 		return nil, s.dataError(`%s holds a NUL character (\u0000), which Postgres cannot store`, md.FullName())
 	}
