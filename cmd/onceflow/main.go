@@ -105,9 +105,13 @@ type app struct {
 	schemas *schemaregistry.Decoder
 }
 
-func load(cmd *cobra.Command) (*app, error) {
+func load(cmd *cobra.Command) (*app, error) { return loadBinding(cmd, binds) }
+
+// loadBinding is load with the flags bs bound to keys: a command with a
+// flag of its own that shadows one of binds leaves that one out.
+func loadBinding(cmd *cobra.Command, bs []config.Flag) (*app, error) {
 	file, _ := cmd.Flags().GetString("config")
-	cfg, err := config.Load(file, cmd.Flags(), binds, config.Default{Key: "handlers", Value: registry.names})
+	cfg, err := config.Load(file, cmd.Flags(), bs, config.Default{Key: "handlers", Value: registry.names})
 	if err == nil {
 		err = registry.check(cfg.Handlers)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/processor"
@@ -55,4 +56,48 @@ func schemaRegistryRefused(err error) error {
 		return fmt.Errorf("%w; check %s", err, registryKeys)
 	}
 	return err
+}
+
+// framedValues are produce's --format, --schema, --message and --subject.
+type framedValues struct{ format, schema, message, subject string }
+
+// encoder returns how produce turns a VALUE into a record value: as it is,
+// or, with --format, encoded with --schema registered under the subject.
+func (f framedValues) encoder(ctx context.Context, a *app, topic string) (func([]byte) ([]byte, error), error) {
+	switch f.format {
+	case "":
+		if f.schema != "" || f.message != "" || f.subject != "" {
+			return nil, fmt.Errorf("--schema, --message and --subject need --format avro or protobuf")
+		}
+		return func(v []byte) ([]byte, error) { return v, nil }, nil
+	case string(schemaregistry.Avro), string(schemaregistry.Protobuf):
+	default:
+		return nil, fmt.Errorf("--format %q is not avro or protobuf", f.format)
+	}
+	if f.schema == "" {
+		return nil, fmt.Errorf("--format %s needs --schema FILE", f.format)
+	}
+	if f.message != "" && f.format != string(schemaregistry.Protobuf) {
+		return nil, fmt.Errorf("--message is for --format protobuf")
+	}
+	if a.cfg.Decode.SchemaRegistry.URL == "" {
+		return nil, fmt.Errorf("--format %s needs decode.schema_registry.url (set it with decode.format avro or protobuf)", f.format)
+	}
+	text, err := os.ReadFile(f.schema)
+	if err != nil {
+		return nil, fmt.Errorf("--schema: %w", err)
+	}
+	rc, err := a.cfg.Decode.RegistryConfig()
+	if err != nil {
+		return nil, err
+	}
+	subject := f.subject
+	if subject == "" {
+		subject = topic + "-value"
+	}
+	e, err := schemaregistry.NewEncoder(ctx, rc, subject, schemaregistry.Source{Kind: schemaregistry.Kind(f.format), Text: string(text), Message: f.message})
+	if err != nil {
+		return nil, schemaRegistryRefused(err)
+	}
+	return e.Encode, nil
 }

@@ -3,20 +3,25 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
+	schemaregistry "github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/registry/registrytest"
 	"github.com/onceflow/onceflow/sink/sinktest"
 	"github.com/onceflow/onceflow/wire"
@@ -202,4 +207,86 @@ http:
 	if strings.Contains(err.Error(), "wrong-password") {
 		t.Errorf("the error reveals the password: %v", err)
 	}
+}
+
+// onceflow produce --format avro|protobuf registers the schema and sends
+// framed records that a registry.Decoder reads back as the JSON given.
+func TestBinaryProducesFramedRecords(t *testing.T) {
+	bin := onceflowBinary(t)
+	regs := registrytest.Registries(t)
+	url := regs["srfake"]
+	if u, ok := regs["real"]; ok {
+		url = u
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	seeds := c.ListenAddrs()
+	dir := t.TempDir()
+	avsc, proto := filepath.Join(dir, "payment.avsc"), filepath.Join(dir, "payment.proto")
+	if err := os.WriteFile(avsc, []byte(avroPaymentV2), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(proto, []byte("syntax = \"proto3\";\npackage shop;\nmessage Payment { string account = 1; int32 cents = 2; }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		format string
+		args   []string
+		value  string
+	}{
+		{"avro", []string{"--schema", avsc}, `{"account":"acct-1","amount":12.50,"at":"2026-03-01T12:00:00.250Z","method":"IBAN","currency":"USD"}`},
+		{"protobuf", []string{"--schema", proto, "--message", "Payment"}, `{"account":"acct-2","cents":1250}`},
+	} {
+		t.Run(tc.format, func(t *testing.T) {
+			topic := "produce-" + tc.format + "-" + randomHex(4)
+			createTopic(t, seeds, topic, 1)
+			config := writeConfig(t, fmt.Sprintf("kafka:\n  brokers: [%s]\n  topics: [%s]\ndecode:\n  format: %s\n  schema_registry:\n    url: %s\n",
+				strings.Join(seeds, ", "), topic, tc.format, url))
+			args := append([]string{"produce", "--config", config, "--topic", topic, "--format", tc.format}, tc.args...)
+			out, err := exec.Command(bin, append(args, tc.value)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("onceflow produce: %v\n%s", err, out)
+			}
+			cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			var rec *kgo.Record
+			for rec == nil && ctx.Err() == nil {
+				cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { rec = r })
+			}
+			if rec == nil {
+				t.Fatal("no record within 30s")
+			}
+			d, err := schemaregistry.New(schemaregistry.Config{URL: url})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := d.Decode(t.Context(), schemaregistry.Kind(tc.format), rec.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, w := jsonCompact(t, got), jsonCompact(t, []byte(tc.value)); g != w {
+				t.Errorf("decoded %s, want %s", g, w)
+			}
+		})
+	}
+}
+
+func jsonCompact(t *testing.T, b []byte) string {
+	t.Helper()
+	var v any
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		t.Fatalf("not JSON: %s", b)
+	}
+	out, _ := json.Marshal(v)
+	return string(out)
 }
