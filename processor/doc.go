@@ -94,6 +94,15 @@
 // fence stops the worker; anything else is retried with backoff and
 // logged as an error for an operator to fix.
 //
+// Decoding has its own classes when values are framed for a schema
+// registry (FormatAvro, FormatProtobuf, through package registry): a
+// record the registry cannot help with (not framed, an unknown schema id,
+// a corrupt body) is a dead letter; a registry that is down or failing
+// (registry.IsTransient) makes the worker decode the batch again after
+// the same backoff, the partition paused, nothing dead-lettered; a
+// registry refusing the credentials (registry.IsAuth) ends Run with that
+// error.
+//
 // # Rebalances and fencing
 //
 // Franz-go's goroutine-per-partition shape, with BlockRebalanceOnPoll so

@@ -53,6 +53,7 @@ func registryDecoder(t *testing.T, url string) *registry.Decoder {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(d.Close)
 	return d
 }
 

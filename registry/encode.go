@@ -84,6 +84,7 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 	if err != nil {
 		return nil, err
 	}
+	defer d.Close()
 	rctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	ss, err := d.cl.CreateSchema(rctx, subject, sr.Schema{Schema: src.Text, Type: typ})

@@ -87,10 +87,13 @@ func (c Config) Validate() error {
 
 // Decoder reads framed values into JSON. It is safe for concurrent use:
 // one Decoder serves every partition, and a schema is fetched once however
-// many workers ask for it at the same time. It holds no goroutine and
-// needs no Close.
+// many workers ask for it at the same time. Its only goroutines are the
+// HTTP connections it keeps alive to the registry between requests (each
+// closed after 90s idle); its owner calls Close when done to close them
+// at once.
 type Decoder struct {
 	cl      *sr.Client
+	tr      *http.Transport
 	url     string
 	timeout time.Duration
 	cache   *lru.Cache[int, *schema]
@@ -104,11 +107,9 @@ func New(cfg Config) (*Decoder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	hc := &http.Client{Timeout: cfg.Timeout}
-	if cfg.TLS != nil {
-		hc.Transport = &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: cfg.TLS,
-			ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8}
-	}
+	tr := &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: cfg.TLS, ForceAttemptHTTP2: true,
+		MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: cfg.Timeout}
+	hc := &http.Client{Timeout: cfg.Timeout, Transport: tr}
 	opts := []sr.ClientOpt{sr.URLs(cfg.URL), sr.HTTPClient(hc), sr.UserAgent("onceflow")}
 	if cfg.Username != "" {
 		opts = append(opts, sr.BasicAuth(cfg.Username, cfg.Password))
@@ -121,8 +122,12 @@ func New(cfg Config) (*Decoder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registry: %w", err)
 	}
-	return &Decoder{cl: cl, url: cfg.URL, timeout: cfg.Timeout, cache: cache}, nil
+	return &Decoder{cl: cl, tr: tr, url: cfg.URL, timeout: cfg.Timeout, cache: cache}, nil
 }
+
+// Close closes the idle connections to the registry. The Decoder still
+// works after it, opening new ones.
+func (d *Decoder) Close() { d.tr.CloseIdleConnections() }
 
 // Check asks the registry for its subjects once: nil when it answers; an
 // error for which IsAuth holds when it refuses the credentials; an

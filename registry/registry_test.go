@@ -38,6 +38,7 @@ func decoder(t *testing.T, url string) *registry.Decoder {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(d.Close)
 	return d
 }
 

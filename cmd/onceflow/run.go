@@ -47,6 +47,9 @@ func (a *app) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer flushTracing(ctx, shutdownTracing)
+	if a.schemas != nil {
+		defer a.schemas.Close()
+	}
 	pool, err := a.newPool(a.cfg.Postgres.PoolSize)
 	if err != nil {
 		return err
