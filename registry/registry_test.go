@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
@@ -472,3 +473,56 @@ func compileMessage(t *testing.T, name string) protoreflectMessageDescriptor {
 }
 
 var _ = context.Background
+
+// Schemas that refer to others (Confluent's references): an Avro record
+// using a type of another subject, a .proto importing another file.
+func TestReferences(t *testing.T) {
+	money := `{"type":"record","name":"Money","namespace":"shop","fields":[{"name":"cents","type":"long"},{"name":"currency","type":"string"}]}`
+	payment := `{"type":"record","name":"Payment","namespace":"shop","fields":[{"name":"id","type":"string"},{"name":"total","type":"shop.Money"}]}`
+	common := "syntax = \"proto3\";\npackage shop;\nmessage Money { int32 cents = 1; string currency = 2; }\n"
+	order := "syntax = \"proto3\";\npackage shop;\nimport \"shop/money.proto\";\nmessage Order { string id = 1; Money total = 2; }\n"
+	for name, url := range registrytest.Registries(t) {
+		t.Run(name, func(t *testing.T) {
+			d := decoder(t, url)
+			ms := subject(t)
+			registrytest.Register(t, url, ms, sr.Schema{Schema: money})
+			id := registrytest.Register(t, url, subject(t), sr.Schema{Schema: payment,
+				References: []sr.SchemaReference{{Name: "shop.Money", Subject: ms, Version: 1}}})
+			full := avro.MustParse(`{"type":"record","name":"Payment","namespace":"shop","fields":[{"name":"id","type":"string"},{"name":"total","type":` + money + `}]}`)
+			body, err := avro.Marshal(full, map[string]any{"id": "p1", "total": map[string]any{"cents": int64(1250), "currency": "EUR"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := d.Decode(t.Context(), registry.Avro, registrytest.Frame(t, id, nil, body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, w := compact(t, got), `{"id":"p1","total":{"cents":1250,"currency":"EUR"}}`; g != w {
+				t.Errorf("avro with a reference: got %s, want %s", g, w)
+			}
+
+			cs := subject(t)
+			registrytest.Register(t, url, cs, sr.Schema{Schema: common, Type: sr.TypeProtobuf})
+			pid := registrytest.Register(t, url, subject(t), sr.Schema{Schema: order, Type: sr.TypeProtobuf,
+				References: []sr.SchemaReference{{Name: "shop/money.proto", Subject: cs, Version: 1}}})
+			c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+				Accessor: protocompile.SourceAccessorFromMap(map[string]string{"order.proto": order, "shop/money.proto": common})})}
+			fs, err := c.Compile(t.Context(), "order.proto")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := dynamicpb.NewMessage(fs[0].Messages().ByName("Order"))
+			if err := protojson.Unmarshal([]byte(`{"id":"o1","total":{"cents":1250,"currency":"EUR"}}`), m); err != nil {
+				t.Fatal(err)
+			}
+			pb, _ := proto.Marshal(m)
+			got, err = d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, pid, []int{0}, pb))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, w := compact(t, got), `{"id":"o1","total":{"cents":1250,"currency":"EUR"}}`; g != w {
+				t.Errorf("protobuf with an import: got %s, want %s", g, w)
+			}
+		})
+	}
+}
