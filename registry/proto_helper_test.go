@@ -10,7 +10,7 @@ import (
 
 type protoreflectMessageDescriptor = protoreflect.MessageDescriptor
 
-func compileProto(t *testing.T, text, name string) protoreflect.MessageDescriptor {
+func compileProto(t testing.TB, text, name string) protoreflect.MessageDescriptor {
 	t.Helper()
 	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
 		Accessor: protocompile.SourceAccessorFromMap(map[string]string{"order.proto": text})})}
@@ -24,3 +24,6 @@ func compileProto(t *testing.T, text, name string) protoreflect.MessageDescripto
 	}
 	return d.(protoreflect.MessageDescriptor)
 }
+
+func protoreflectValueOfInt64(v int64) protoreflect.Value   { return protoreflect.ValueOfInt64(v) }
+func protoreflectValueOfString(v string) protoreflect.Value { return protoreflect.ValueOfString(v) }
