@@ -13,17 +13,19 @@ import (
 // decodeProtobuf reads body as the message index names and returns it in
 // the canonical proto3 JSON mapping, with the .proto's field names and
 // every field present (an unset scalar as its zero value, an unset message
-// as null), so that a SQL handler finds each field it expects.
+// as null), so that a SQL handler finds each field it expects. proto2's
+// required fields are not enforced (AllowPartial: a sink reads what was
+// written; the check also cost an eighth of the decode).
 func (s *schema) decodeProtobuf(index []int, body []byte) ([]byte, error) {
 	md, err := s.message(index)
 	if err != nil {
 		return nil, err
 	}
 	m := dynamicpb.NewMessage(md)
-	if err := (proto.UnmarshalOptions{Resolver: s.types, RecursionLimit: maxDepth}).Unmarshal(body, m); err != nil {
+	if err := (proto.UnmarshalOptions{Resolver: s.types, RecursionLimit: maxDepth, AllowPartial: true}).Unmarshal(body, m); err != nil {
 		return nil, s.dataError("the body is not a valid %s: %v", md.FullName(), err)
 	}
-	out, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Resolver: s.types}.Marshal(m)
+	out, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Resolver: s.types, AllowPartial: true}.Marshal(m)
 	if err != nil {
 		return nil, s.dataError("%s cannot be written as JSON: %v", md.FullName(), err)
 	}
