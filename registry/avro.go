@@ -230,6 +230,10 @@ func (r *avroReader) blocks(what string, item func(first bool)) {
 			n = -n
 			r.long(what + " block size") // the block's byte size, for skipping; not needed
 		}
+		if n < 0 { // it was math.MinInt64
+			r.fail("%s block count is out of range", what)
+			return
+		}
 		if n > int64(len(r.b)-r.pos) && n > maxZeroSizeItems {
 			r.fail("%s block announces %d items in %d bytes left", what, n, len(r.b)-r.pos)
 			return
