@@ -163,6 +163,9 @@ func (d *Decoder) Decode(ctx context.Context, kind Kind, value []byte) ([]byte, 
 	if err != nil {
 		return nil, err
 	}
+	if s.broken != "" {
+		return nil, s.dataError("%s", s.broken)
+	}
 	if s.kind != kind {
 		return nil, s.dataError("the schema is %s, not %s", s.typ, kind)
 	}
@@ -251,7 +254,9 @@ func (d *Decoder) fetch(ctx context.Context, id int) (*schema, error) {
 		return nil, err
 	}
 	if err := s.compile(text.Schema, refs); err != nil {
-		return nil, s.dataError("the registry's schema does not compile: %v", err)
+		// Kept like a good one: every record of this id fails alike,
+		// without asking the registry again.
+		s.broken = fmt.Sprintf("the registry's schema does not compile: %v", err)
 	}
 	return s, nil
 }

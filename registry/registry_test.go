@@ -526,3 +526,29 @@ func TestReferences(t *testing.T) {
 		})
 	}
 }
+
+// A schema that does not compile is a dead letter for each record of its
+// id, asked of the registry once.
+func TestBrokenSchemaIsFetchedOnce(t *testing.T) {
+	fake := srfake.New()
+	defer fake.Close()
+	fake.SeedSchema("b-value", 1, 7, sr.Schema{Schema: `{"type":"recrd","name":"X"}`}) // srfake does not check
+	var fetches atomic.Int64
+	fake.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path == "/schemas/ids/7" {
+			fetches.Add(1)
+		}
+		return false
+	})
+	d := decoder(t, fake.URL())
+	for range 3 {
+		_, err := d.Decode(t.Context(), registry.Avro, registrytest.Frame(t, 7, nil, []byte{0}))
+		var de *registry.DataError
+		if !errors.As(err, &de) || de.SchemaID != 7 || !strings.Contains(de.Reason, "does not compile") {
+			t.Fatalf("got %v, want a DataError for schema id 7 that does not compile", err)
+		}
+	}
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("the schema was fetched %d times, want 1", n)
+	}
+}

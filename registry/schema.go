@@ -19,6 +19,7 @@ type schema struct {
 	subject string
 	typ     sr.SchemaType
 	kind    Kind
+	broken  string // why it does not compile, if it does not
 
 	avro avro.Schema // Avro
 
