@@ -49,6 +49,8 @@ type options struct {
 	brokerPID   int
 	rounds      int
 	crash       string // kill | abort
+	format      string // json | avro | protobuf: the records' format (format.go)
+	registry    string // with avro and protobuf: the schema registry's URL; empty: srfake in process
 }
 
 func parseFlags() (options, error) {
@@ -82,6 +84,9 @@ func parseFlags() (options, error) {
 		"times out, and a rebalance waits for that) or abort (its transactions roll back and its client leaves the group as it closes)")
 	flag.IntVar(&o.rounds, "rounds", 1, "run the scenarios, raw-copy and ceiling this many times, round by round, and report "+
 		"each one's median run by rate (rates move 10–20 % between identical runs on a small machine); the per-record baselines run once")
+	flag.StringVar(&o.format, "format", "json", "the records' format in the scenarios: json, or avro or protobuf framed for a schema registry "+
+		"(encoded before the run; the baselines stay json)")
+	flag.StringVar(&o.registry, "registry", "", "with -format avro or protobuf: the schema registry's URL (infra/schema-registry.sh url); empty: franz-go's srfake in this process")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
 	if o.short {
@@ -226,6 +231,10 @@ func run(ctx context.Context, o options) error {
 		Broker: broker, Handlers: o.handlers, Crash: o.crash, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
+	if b.formats, err = newFormats(ctx, o.format, o.registry); err != nil {
+		return err
+	}
+	defer b.formats.stop()
 	if o.spans {
 		b.spans = newSpanRecorder()
 		tp, pt := newSpanTracing(b.spans)
