@@ -63,6 +63,7 @@ fuzz: ## fuzz the record decoders for 30s each (JSON and headers; Avro and Proto
 	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s
 	$(GO) test ./registry -run '^$$' -fuzz FuzzDecodeAvro -fuzztime 30s
 	$(GO) test ./registry -run '^$$' -fuzz FuzzDecodeProtobuf -fuzztime 30s
+	$(GO) test ./registry -run '^$$' -fuzz FuzzProtobufFastPath -fuzztime 30s
 
 up: up-postgres up-kafka ## start Postgres and Kafka on this machine
 up-postgres:

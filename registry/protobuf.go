@@ -21,6 +21,17 @@ func (s *schema) decodeProtobuf(index []int, body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.fast[md.FullName()] {
+		if out, ok := fastProto(make([]byte, 0, 2*len(body)+16), md, body, 0); ok {
+			return out, nil
+		}
+	}
+	return s.slowProtobuf(md, body)
+}
+
+// slowProtobuf is decodeProtobuf through dynamicpb and protojson: every
+// message, and the errors of a body that is not one.
+func (s *schema) slowProtobuf(md protoreflect.MessageDescriptor, body []byte) ([]byte, error) {
 	m := dynamicpb.NewMessage(md)
 	if err := (proto.UnmarshalOptions{Resolver: s.types, RecursionLimit: maxDepth, AllowPartial: true}).Unmarshal(body, m); err != nil {
 		return nil, s.dataError("the body is not a valid %s: %v", md.FullName(), err)

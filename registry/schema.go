@@ -23,8 +23,9 @@ type schema struct {
 
 	avro avro.Schema // Avro
 
-	file  protoreflect.FileDescriptor // Protobuf
-	types *dynamicpb.Types            // the file's and its imports' types, for Any and extensions
+	file  protoreflect.FileDescriptor    // Protobuf
+	types *dynamicpb.Types               // the file's and its imports' types, for Any and extensions
+	fast  map[protoreflect.FullName]bool // the messages fastProto reads
 }
 
 func (s *schema) dataError(format string, args ...any) *DataError {
@@ -69,6 +70,7 @@ func (s *schema) compile(text string, refs []reference) error {
 			return err
 		}
 		s.types = dynamicpb.NewTypes(files)
+		s.fast = fastMessages(s.file)
 		return nil
 	default:
 		s.kind = Kind(strings.ToLower(s.typ.String()))
