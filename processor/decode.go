@@ -25,7 +25,9 @@ type Format string
 const (
 	// FormatJSON requires a JSON value that Postgres can store as jsonb: it
 	// becomes the event's payload. A record whose value is not such JSON
-	// is a dead letter.
+	// is a dead letter. A value framed for a schema registry (JSON Schema
+	// serializers: a zero byte and a 4-byte schema id before the JSON) is
+	// read past its header.
 	FormatJSON Format = "json"
 	// FormatBytes takes the value as it is, unchecked (an empty or null
 	// value included): SQL handlers see it as value bytea and a NULL
@@ -233,14 +235,15 @@ func DecodeContext(ctx context.Context, r *kgo.Record, cfg DecodeConfig) (sink.E
 			return fail(id, "event id source %s needs format %s", IDFromField, FormatJSON)
 		}
 	case FormatJSON:
+		value = unframeJSON(value)
 		switch {
-		case len(r.Value) == 0:
+		case len(value) == 0:
 			return fail(id, "value is empty")
-		case bytes.IndexByte(r.Value, 0) >= 0:
+		case bytes.IndexByte(value, 0) >= 0:
 			return fail(id, "value contains a NUL byte")
-		case !json.Valid(r.Value):
+		case !json.Valid(value):
 			return fail(id, "value is not valid JSON")
-		case bytes.Contains(r.Value, []byte(`\u0000`)):
+		case bytes.Contains(value, []byte(`\u0000`)):
 			return fail(id, `value contains \u0000, which Postgres cannot store`)
 		}
 	default:

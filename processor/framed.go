@@ -36,3 +36,15 @@ func decodeFramed(ctx context.Context, cfg DecodeConfig, value []byte) (json []b
 	}
 	return v, "", err
 }
+
+// unframeJSON returns v without the Confluent header (a zero magic byte and
+// a 4-byte schema id) that JSON Schema serializers put before the JSON
+// text, which never starts with a zero byte: FormatJSON takes a JSON value
+// framed or not. The schema id is not looked up: the JSON describes
+// itself.
+func unframeJSON(v []byte) []byte {
+	if len(v) > 5 && v[0] == 0 {
+		return v[5:]
+	}
+	return v
+}

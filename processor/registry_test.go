@@ -285,3 +285,34 @@ func TestDecodeConfigFramedNeedsRegistry(t *testing.T) {
 		t.Errorf("unknown format: %v, want the list of formats", err)
 	}
 }
+
+// FormatJSON takes a value framed by a JSON Schema serializer (magic byte,
+// schema id, then the JSON) as the JSON it carries.
+func TestDecodeFramedJSON(t *testing.T) {
+	id := uuid.New()
+	for _, c := range []struct {
+		name   string
+		value  []byte
+		want   string // the event's value; "" for a dead letter
+		reason string
+	}{
+		{"plain", []byte(`{"a":1}`), `{"a":1}`, ""},
+		{"framed", append([]byte{0, 0, 0, 0, 7}, `{"a":1}`...), `{"a":1}`, ""},
+		{"framed, not JSON", append([]byte{0, 0, 0, 0, 7}, `{"a":`...), "", "not valid JSON"},
+		{"header alone", []byte{0, 0, 0, 0, 7}, "", "NUL byte"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ev, err := processor.Decode(wire.NewRecord("t", id, c.value), processor.DecodeConfig{})
+			if c.want == "" {
+				var de *processor.DecodeError
+				if !errors.As(err, &de) || !strings.Contains(de.Reason, c.reason) {
+					t.Fatalf("got %v, want a DecodeError with %q", err, c.reason)
+				}
+				return
+			}
+			if err != nil || string(ev.Value) != c.want {
+				t.Fatalf("got %q, %v; want %s", ev.Value, err, c.want)
+			}
+		})
+	}
+}
