@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench bench-full bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls
+.PHONY: help build demo test test-kfake lint fuzz bench bench-full bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -16,8 +16,8 @@ build: ## build bin/onceflow
 demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
 	$(GO) run ./cmd/onceflow demo $(ARGS)
 
-test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls ## the whole suite, race detector on: real Postgres (also over TLS), kfake and real Kafka (also over SASL_SSL), real Jaeger
-	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) \
+test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry ## the whole suite, race detector on: real Postgres (also over TLS), kfake and real Kafka (also over SASL_SSL), real Jaeger, srfake and a real schema registry
+	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) ONCEFLOW_TEST_SCHEMA_REGISTRY=$$(infra/schema-registry.sh url) \
 	ONCEFLOW_TEST_KAFKA_SECURE=$$(infra/kafka-secure.sh client) ONCEFLOW_TEST_POSTGRES_TLS_DSN="$$(infra/postgres-tls.sh dsn)" \
 	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \
 	infra/gotest.sh -race -shuffle=on -count=1 $(PKGS)
@@ -59,8 +59,11 @@ chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka an
 chaos-long: ## the guarantee under faults, long mode: 30 minutes of faults, at least 250 SIGKILLs
 	$(GO) run ./chaos -duration 30m -min-kills 250 $(ARGS)
 
-fuzz: ## fuzz the record decoder for 30s
+fuzz: ## fuzz the record decoders for 30s each (JSON and headers; Avro and Protobuf bodies)
 	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s
+	$(GO) test ./registry -run '^$$' -fuzz FuzzDecodeAvro -fuzztime 30s
+	$(GO) test ./registry -run '^$$' -fuzz FuzzDecodeProtobuf -fuzztime 30s
+	$(GO) test ./registry -run '^$$' -fuzz FuzzProtobufFastPath -fuzztime 30s
 
 up: up-postgres up-kafka ## start Postgres and Kafka on this machine
 up-postgres:
@@ -73,8 +76,11 @@ up-postgres-tls: ## start the Postgres cluster that takes only TLS (15 tls, port
 	@infra/postgres-tls.sh start >/dev/null
 up-jaeger: ## build (first time) and start Jaeger v2 on 127.0.0.1
 	@infra/jaeger.sh start >/dev/null
+up-schema-registry: ## build (first time, from Maven Central) and start Apicurio Registry, Confluent API, on 127.0.0.1:18081
+	@infra/schema-registry.sh start >/dev/null
 
-down: ## stop Kafka and Jaeger (Postgres is the machine's; infra/postgres.sh stop)
+down: ## stop Kafka, Jaeger and the schema registry (Postgres is the machine's; infra/postgres.sh stop)
 	-@infra/kafka.sh stop
+	-@infra/schema-registry.sh stop
 	-@infra/kafka-secure.sh stop
 	-@infra/jaeger.sh stop

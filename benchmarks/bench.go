@@ -106,6 +106,7 @@ type bench struct {
 	// noCheckpoint: CHECKPOINT was refused once (said then); runs start
 	// wherever the server's checkpoint cycle is.
 	noCheckpoint bool
+	formats      *formats // -format: how the scenarios' records are encoded and read
 }
 
 // env is one run's topic, group and schema.
@@ -279,7 +280,7 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 	g := &group{}
 	cfg := members.Tuned(processor.Config{
 		Brokers: e.brokers, Topics: []string{e.topic}, Group: e.group,
-		BatchMaxRecords: b.o.batch, BatchLinger: 20 * time.Millisecond, Logger: b.log,
+		BatchMaxRecords: b.o.batch, BatchLinger: 20 * time.Millisecond, Logger: b.log, Decode: b.formats.decode(),
 		OnBatch: func(bi processor.BatchInfo) {
 			g.mu.Lock()
 			if !bi.Result.OffsetDeferred { // batch latency: to a COMMIT
@@ -329,10 +330,15 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 		return nil, err
 	}
 	defer e.close()
-	progress("%s: pre-loading %d records (%d unique events)", name, len(stream.Messages), len(stream.Unique))
-	if err := e.preload(ctx, stream.Messages); err != nil {
+	msgs, err := b.formats.encode(stream.Messages)
+	if err != nil {
 		return nil, err
 	}
+	progress("%s: pre-loading %d records (%d unique events, %s)", name, len(msgs), len(stream.Unique), b.o.format)
+	if err := e.preload(ctx, msgs); err != nil {
+		return nil, err
+	}
+	msgs = nil
 	r := &Run{Name: name, Kind: kind, Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
 	// The members run in this process, and the stream is a million orders
 	// behind five million pointers: kept during the run, every collection

@@ -52,6 +52,8 @@ type options struct {
 	crash       string // kill | abort
 	// groupProtocol is the members' processor.GroupProtocol.
 	groupProtocol string
+	format        string // json | avro | protobuf: the records' format (format.go)
+	registry      string // with avro and protobuf: the schema registry's URL; empty: srfake in process
 }
 
 func parseFlags() (options, error) {
@@ -87,6 +89,9 @@ func parseFlags() (options, error) {
 		"each one's median run by rate (rates move 10–20 % between identical runs on a small machine); the per-record baselines run once")
 	flag.StringVar(&o.groupProtocol, "group-protocol", string(processor.DefaultGroupProtocol), "the members' consumer-group protocol: classic, or consumer "+
 		"(KIP-848, Kafka 4.0+; its session timeout is the broker's group.consumer.session.timeout.ms, 45s by default, which a killed member's partitions wait for)")
+	flag.StringVar(&o.format, "format", "json", "the records' format in the scenarios: json, or avro or protobuf framed for a schema registry "+
+		"(encoded before the run; the baselines stay json)")
+	flag.StringVar(&o.registry, "registry", "", "with -format avro or protobuf: the schema registry's URL (infra/schema-registry.sh url); empty: franz-go's srfake in this process")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
 	if o.short {
@@ -238,6 +243,10 @@ func run(ctx context.Context, o options) error {
 		Broker: broker, Handlers: o.handlers, Crash: o.crash, GroupProtocol: o.groupProtocol, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
+	if b.formats, err = newFormats(ctx, o.format, o.registry); err != nil {
+		return err
+	}
+	defer b.formats.stop()
 	if o.spans {
 		b.spans = newSpanRecorder()
 		tp, pt := newSpanTracing(b.spans)

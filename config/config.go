@@ -86,11 +86,14 @@ type Batch struct {
 // Decode says how values are read, where the event id is and how large a
 // record may be.
 type Decode struct {
-	Format         string `mapstructure:"format"`          // json or bytes
+	Format         string `mapstructure:"format"`          // json, bytes, avro or protobuf
 	EventIDSource  string `mapstructure:"event_id_source"` // header, field, key or offset
 	EventIDHeader  string `mapstructure:"event_id_header"`
 	EventIDField   string `mapstructure:"event_id_field"`
 	MaxRecordBytes int    `mapstructure:"max_record_bytes"`
+	// SchemaRegistry is where avro and protobuf find their schemas
+	// (registry.go).
+	SchemaRegistry SchemaRegistry `mapstructure:"schema_registry"`
 }
 
 // SQLHandler is one item of sql_handlers: a handler whose effects are one
@@ -273,6 +276,7 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		problems = append(problems, unmarshalProblems(err, file)...)
 	} else {
 		problems = append(problems, cfg.readSecretFiles()...)
+		problems = append(problems, cfg.readRegistryPassword()...)
 		if err := cfg.Validate(); err != nil {
 			problems = append(problems, err)
 		}
@@ -441,9 +445,11 @@ func (c Config) Validate() error {
 	if c.Batch.MaxRetryBackoff < c.Batch.RetryBackoff {
 		bad("batch.max_retry_backoff", "%v is shorter than batch.retry_backoff %v", c.Batch.MaxRetryBackoff, c.Batch.RetryBackoff)
 	}
-	if c.Decode.Format != string(processor.FormatJSON) && c.Decode.Format != string(processor.FormatBytes) {
-		bad("decode.format", "%q is not %s or %s", c.Decode.Format, processor.FormatJSON, processor.FormatBytes)
+	if c.Decode.Format != string(processor.FormatJSON) && c.Decode.Format != string(processor.FormatBytes) && !framed(c.Decode.Format) {
+		bad("decode.format", "%q is not %s, %s, %s or %s", c.Decode.Format, processor.FormatJSON, processor.FormatBytes,
+			processor.FormatAvro, processor.FormatProtobuf)
 	}
+	ps = append(ps, c.Decode.validateRegistry()...)
 	switch src := processor.IDSource(c.Decode.EventIDSource); src {
 	case processor.IDFromHeader, processor.IDFromKey, processor.IDFromOffset:
 		if src == processor.IDFromHeader && c.Decode.EventIDHeader == "" {
@@ -458,7 +464,7 @@ func (c Config) Validate() error {
 			bad("decode.event_id_field", "is required with decode.event_id_source %s", src)
 		}
 		if c.Decode.Format == string(processor.FormatBytes) {
-			bad("decode.event_id_source", "%s needs decode.format json, not bytes", src)
+			bad("decode.event_id_source", "%s needs decode.format json, avro or protobuf, not bytes", src)
 		}
 	default:
 		bad("decode.event_id_source", "%q is not one of header, field, key, offset", c.Decode.EventIDSource)

@@ -231,7 +231,7 @@ sql_handlers:
   - sql: SELECT 1
     topic: [orders]
 decode:
-  format: avro
+  format: xml
   event_id_source: body
 `)
 	_, err := Load(file, nil, nil, handlers)
@@ -255,7 +255,7 @@ sql_handlers:
     topics: [ordres]
   - sql: SELECT 1
 decode:
-  format: avro
+  format: xml
   event_id_source: body
 `)
 	_, err = Load(file, nil, nil, handlers)
@@ -268,7 +268,7 @@ decode:
 		`sql_handlers[2].sql: is required`,
 		`sql_handlers[2].topics: "ordres" is not a consumed topic`,
 		`sql_handlers[3].name: is required`,
-		`decode.format: "avro" is not json or bytes`,
+		`decode.format: "xml" is not json, bytes, avro or protobuf`,
 		`decode.event_id_source: "body" is not one of header, field, key, offset`,
 	} {
 		if !strings.Contains(err.Error(), w) {

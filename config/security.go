@@ -23,7 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
-// KafkaTLS is kafka.tls: how onceflow dials the brokers over TLS.
+// KafkaTLS is kafka.tls: how onceflow dials the brokers over TLS. The
+// schema registry's TLS (decode.schema_registry.tls) has the same keys.
 type KafkaTLS struct {
 	// Enabled dials every broker over TLS. The other keys need it.
 	Enabled bool `mapstructure:"enabled"`
@@ -187,21 +188,7 @@ func (k Kafka) validateSecurity() []error {
 	bad := func(key, format string, args ...any) {
 		ps = append(ps, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
-	t := k.TLS
-	if !t.Enabled {
-		for _, k := range []struct {
-			key string
-			set bool
-		}{{"kafka.tls.ca_file", t.CAFile != ""}, {"kafka.tls.cert_file", t.CertFile != ""}, {"kafka.tls.key_file", t.KeyFile != ""},
-			{"kafka.tls.server_name", t.ServerName != ""}, {"kafka.tls.insecure_skip_verify", t.InsecureSkipVerify}} {
-			if k.set {
-				bad(k.key, "is set but kafka.tls.enabled is false")
-			}
-		}
-	} else {
-		_, errs := t.config()
-		ps = append(ps, errs...)
-	}
+	ps = append(ps, k.TLS.validateAt("kafka.tls")...)
 	s := k.SASL
 	switch strings.ToUpper(s.Mechanism) {
 	case "":
@@ -225,31 +212,56 @@ func (k Kafka) validateSecurity() []error {
 	return ps
 }
 
-// config builds the TLS configuration, or returns one problem per key.
-func (t KafkaTLS) config() (*tls.Config, []error) {
+// validateAt returns the problems of t, the TLS keys under prefix
+// (kafka.tls, decode.schema_registry.tls), each naming its key.
+func (t KafkaTLS) validateAt(prefix string) []error {
+	if t.Enabled {
+		_, errs := t.configAt(prefix)
+		return errs
+	}
+	var ps []error
+	for _, k := range []struct {
+		key string
+		set bool
+	}{{"ca_file", t.CAFile != ""}, {"cert_file", t.CertFile != ""}, {"key_file", t.KeyFile != ""},
+		{"server_name", t.ServerName != ""}, {"insecure_skip_verify", t.InsecureSkipVerify}} {
+		if k.set {
+			ps = append(ps, fmt.Errorf("%s.%s: is set but %s.enabled is false", prefix, k.key, prefix))
+		}
+	}
+	return ps
+}
+
+// config builds the TLS configuration of kafka.tls, or returns one problem
+// per key.
+func (t KafkaTLS) config() (*tls.Config, []error) { return t.configAt("kafka.tls") }
+
+// configAt builds the TLS configuration of the keys under prefix, or
+// returns one problem per key.
+func (t KafkaTLS) configAt(prefix string) (*tls.Config, []error) {
 	var ps []error
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 	if t.CAFile != "" {
 		pem, err := os.ReadFile(t.CAFile)
 		switch {
 		case err != nil:
-			ps = append(ps, fmt.Errorf("kafka.tls.ca_file: %w", err))
+			ps = append(ps, fmt.Errorf("%s.ca_file: %w", prefix, err))
 		default:
 			c.RootCAs = x509.NewCertPool()
 			if !c.RootCAs.AppendCertsFromPEM(pem) {
-				ps = append(ps, fmt.Errorf("kafka.tls.ca_file: no PEM certificate in %s", t.CAFile))
+				ps = append(ps, fmt.Errorf("%s.ca_file: no PEM certificate in %s", prefix, t.CAFile))
 			}
 		}
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile == "":
-		ps = append(ps, errors.New("kafka.tls.key_file: is required with kafka.tls.cert_file"))
+		ps = append(ps, fmt.Errorf("%s.key_file: is required with %s.cert_file", prefix, prefix))
 	case t.CertFile == "" && t.KeyFile != "":
-		ps = append(ps, errors.New("kafka.tls.cert_file: is required with kafka.tls.key_file"))
+		ps = append(ps, fmt.Errorf("%s.cert_file: is required with %s.key_file", prefix, prefix))
 	case t.CertFile != "":
 		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
-			ps = append(ps, fmt.Errorf("kafka.tls.cert_file, kafka.tls.key_file: %w", err))
+			ps = append(ps, fmt.Errorf("%s.cert_file, %s.key_file: %w", prefix, prefix, err))
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}

@@ -154,6 +154,7 @@ type Consumer struct {
 	cancelClient context.CancelFunc // the client's context's (Kill); guarded by mu
 
 	ready  atomic.Pointer[error] // nil until the brokers were asked once
+	fatal  atomic.Pointer[error] // what ended Run, when no retry could fix it (fail)
 	dlWake chan struct{}         // size 1: a batch committed dead letters
 }
 
@@ -210,6 +211,16 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 // once. Abort is safe to call at any time, more than once, and
 // concurrently with Run.
 func (c *Consumer) Abort() {
+	c.abort(false)
+}
+
+// fail ends Run as Abort does and makes it return err: for what no retry
+// fixes, such as the schema registry refusing the credentials. The first
+// error is kept. Safe to call from any goroutine, more than once.
+func (c *Consumer) fail(err error) {
+	if c.fatal.CompareAndSwap(nil, &err) {
+		c.log.Error("consumer stopping: an error no retry fixes; in-flight batches roll back", "err", err)
+	}
 	c.abort(false)
 }
 
@@ -321,9 +332,12 @@ func (c *Consumer) queued() (records, bytes int64) {
 // Brokers that do not answer are waited for (Ready says why), never a
 // reason to return. Run returns only after every goroutine it started has
 // exited. It returns an error only if the Kafka client cannot be created
-// from the options, or ErrInstanceFenced (wrapped) when another member
-// took this one's InstanceID under the classic protocol; a canceled ctx,
-// Abort or Kill is a clean stop and returns nil.
+// from the options; ErrInstanceFenced (wrapped) when another member
+// took this one's InstanceID under the classic protocol; or, when the
+// schema registry refuses the credentials, that error (registry.IsAuth
+// holds for it): Run then stops as Abort does — nothing of the batch at
+// hand is written. A canceled ctx, Abort or Kill is a clean stop and
+// returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return errors.New("processor: Run called twice")
@@ -396,6 +410,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	} else {
 		c.log.Info("consumer stopped", "group", c.cfg.Group)
+	}
+	if p := c.fatal.Load(); p != nil {
+		return *p
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package processor
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/wire"
 )
@@ -23,7 +25,9 @@ type Format string
 const (
 	// FormatJSON requires a JSON value that Postgres can store as jsonb: it
 	// becomes the event's payload. A record whose value is not such JSON
-	// is a dead letter.
+	// is a dead letter. A value framed for a schema registry (JSON Schema
+	// serializers: a zero byte and a 4-byte schema id before the JSON) is
+	// read past its header.
 	FormatJSON Format = "json"
 	// FormatBytes takes the value as it is, unchecked (an empty or null
 	// value included): SQL handlers see it as value bytea and a NULL
@@ -85,6 +89,9 @@ type DecodeConfig struct {
 	IDField string
 	// MaxBytes is the largest accepted value; 0 means no limit.
 	MaxBytes int
+	// Registry reads the values of FormatAvro and FormatProtobuf (see
+	// framed.go); required with them, unused otherwise.
+	Registry *registry.Decoder
 }
 
 // withDefaults returns c with every zero value replaced by its default.
@@ -110,8 +117,14 @@ func (c DecodeConfig) Validate() error {
 	c = c.withDefaults()
 	var ps []error
 	bad := func(format string, args ...any) { ps = append(ps, fmt.Errorf("processor: Decode."+format, args...)) }
-	if c.Format != FormatJSON && c.Format != FormatBytes {
-		bad("Format %q is not %s or %s", c.Format, FormatJSON, FormatBytes)
+	switch c.Format {
+	case FormatJSON, FormatBytes:
+	case FormatAvro, FormatProtobuf:
+		if c.Registry == nil {
+			bad("Registry is required with Format %s", c.Format)
+		}
+	default:
+		bad("Format %q is not %s, %s, %s or %s", c.Format, FormatJSON, FormatBytes, FormatAvro, FormatProtobuf)
 	}
 	switch c.IDSource {
 	case IDFromHeader, IDFromKey, IDFromOffset:
@@ -123,7 +136,7 @@ func (c DecodeConfig) Validate() error {
 			bad("IDField is required with IDSource %s", c.IDSource)
 		}
 		if c.Format == FormatBytes {
-			bad("IDSource %s needs Format %s, not %s", c.IDSource, FormatJSON, c.Format)
+			bad("IDSource %s needs Format %s, %s or %s, not %s", c.IDSource, FormatJSON, FormatAvro, FormatProtobuf, c.Format)
 		}
 	default:
 		bad("IDSource %q is not one of %s, %s, %s, %s", c.IDSource, IDFromHeader, IDFromField, IDFromKey, IDFromOffset)
@@ -153,13 +166,22 @@ func (e *DecodeError) Error() string {
 	return fmt.Sprintf("decode %s/%d@%d: %s", e.Topic, e.Partition, e.Offset, e.Reason)
 }
 
-// Decode turns a record into an event: a UUID event id from cfg's source
-// and, with FormatJSON, a JSON value that Postgres can store (no NUL byte,
-// no \u0000 escape); the record's key, headers and timestamp are carried
-// along. cfg takes its defaults; it must be valid (see
-// [DecodeConfig.Validate]), an invalid one rejects every record. The error
-// is a *DecodeError naming the problem.
+// Decode is DecodeContext without a deadline of its own: a schema
+// registry's requests are still bounded by its timeout.
 func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
+	return DecodeContext(context.Background(), r, cfg)
+}
+
+// DecodeContext turns a record into an event: a UUID event id from cfg's
+// source and, with FormatJSON, a JSON value that Postgres can store (no
+// NUL byte, no \u0000 escape) — with FormatAvro and FormatProtobuf, the
+// JSON the registry's schema makes of the framed value; the record's key,
+// headers and timestamp are carried along. cfg takes its defaults; it must
+// be valid (see [DecodeConfig.Validate]), an invalid one rejects every
+// record. A record that cannot become an event is a *DecodeError naming
+// the problem. Any other error is the schema registry's, not the record's
+// (registry.IsTransient: retry; registry.IsAuth: configuration), or ctx's.
+func DecodeContext(ctx context.Context, r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 	cfg = cfg.withDefaults()
 	fail := func(id uuid.NullUUID, format string, args ...any) (sink.Event, error) {
 		if !id.Valid && cfg.IDSource == IDFromField && cfg.IDField != "" && cfg.Format == FormatJSON {
@@ -205,20 +227,31 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 	if cfg.MaxBytes > 0 && len(r.Value) > cfg.MaxBytes {
 		return fail(id, "value is %d bytes, over the %d-byte limit", len(r.Value), cfg.MaxBytes)
 	}
+	value := r.Value // the event's: the record's, or the JSON of a framed one
 	switch cfg.Format {
+	case FormatAvro, FormatProtobuf:
+		v, reason, err := decodeFramed(ctx, cfg, r.Value)
+		if err != nil {
+			return sink.Event{}, err
+		}
+		if reason != "" {
+			return fail(id, "%s", reason)
+		}
+		value = v
 	case FormatBytes:
 		if cfg.IDSource == IDFromField {
 			return fail(id, "event id source %s needs format %s", IDFromField, FormatJSON)
 		}
 	case FormatJSON:
+		value = unframeJSON(value)
 		switch {
-		case len(r.Value) == 0:
+		case len(value) == 0:
 			return fail(id, "value is empty")
-		case bytes.IndexByte(r.Value, 0) >= 0:
+		case bytes.IndexByte(value, 0) >= 0:
 			return fail(id, "value contains a NUL byte")
-		case !json.Valid(r.Value):
+		case !json.Valid(value):
 			return fail(id, "value is not valid JSON")
-		case bytes.Contains(r.Value, []byte(`\u0000`)):
+		case bytes.Contains(value, []byte(`\u0000`)):
 			return fail(id, `value contains \u0000, which Postgres cannot store`)
 		}
 	default:
@@ -226,7 +259,7 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 	}
 	if cfg.IDSource == IDFromField {
 		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(r.Value, &fields); err != nil {
+		if err := json.Unmarshal(value, &fields); err != nil {
 			return fail(id, "value is not a JSON object, so it has no %q field", cfg.IDField)
 		}
 		raw, ok := fields[cfg.IDField]
@@ -251,7 +284,7 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 		}
 	}
 	return sink.Event{
-		ID: id.UUID, Value: r.Value, Key: r.Key, Headers: hs,
+		ID: id.UUID, Value: value, Key: r.Key, Headers: hs,
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
 	}, nil
 }

@@ -154,7 +154,7 @@ func TestDecodeConfigValidate(t *testing.T) {
 		{"zero", DecodeConfig{}, nil},
 		{"every source", DecodeConfig{IDSource: IDFromOffset, Format: FormatBytes}, nil},
 		{"field", DecodeConfig{IDSource: IDFromField, IDField: "id"}, nil},
-		{"unknown format", DecodeConfig{Format: "avro"}, []string{`Decode.Format "avro"`}},
+		{"unknown format", DecodeConfig{Format: "xml"}, []string{`Decode.Format "xml"`}},
 		{"unknown source", DecodeConfig{IDSource: "body"}, []string{`Decode.IDSource "body"`}},
 		{"field without name", DecodeConfig{IDSource: IDFromField}, []string{"Decode.IDField is required"}},
 		{"field name with another source", DecodeConfig{IDSource: IDFromKey, IDField: "id"}, []string{`Decode.IDField "id" is set but IDSource is key`}},

@@ -104,6 +104,15 @@
 // in a row commit whole. A timeout is never taken as evidence against a
 // record: nothing is dead-lettered because Postgres was slow.
 //
+// Decoding has its own classes when values are framed for a schema
+// registry (FormatAvro, FormatProtobuf, through package registry): a
+// record the registry cannot help with (not framed, an unknown schema id,
+// a corrupt body) is a dead letter; a registry that is down or failing
+// (registry.IsTransient) makes the worker decode the batch again after
+// the same backoff, the partition paused, nothing dead-lettered; a
+// registry refusing the credentials (registry.IsAuth) ends Run with that
+// error.
+//
 // # Rebalances and fencing
 //
 // Franz-go's goroutine-per-partition shape, with BlockRebalanceOnPoll so

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/wire"
 )
@@ -340,7 +342,10 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 	cfg := &w.c.cfg
 	start := time.Now()
 	part := recs[:min(len(recs), w.size)]
-	b, links := w.batch(part)
+	b, links, why := w.decode(part)
+	if b == nil {
+		return 0, why
+	}
 	b.AllowPrefix, b.Isolate = true, w.dense
 	b.DeferOffset = !retry && w.mayDeferOffset()
 	defer func() {
@@ -486,17 +491,59 @@ func upTo(recs []*kgo.Record, next int64) int {
 	return n
 }
 
+// decode makes recs a batch (see batch), trying again with capped backoff
+// while the schema registry fails for now: the partition waits (paused
+// once its queue fills, the others go on) and no record becomes a dead
+// letter because a registry was down. A registry refusing the credentials
+// ends the run (Consumer.fail) and the batch is given up (aborted), as it
+// is when the worker is told to stop while waiting (stopped): either way
+// the batch returned is nil and nothing of recs is written.
+func (w *worker) decode(recs []*kgo.Record) (*sink.Batch, []trace.Link, exit) {
+	cfg := &w.c.cfg
+	defer w.setRetrying(false)
+	backoff := cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		b, links, err := w.batch(recs)
+		if err == nil {
+			return b, links, committed
+		}
+		if w.ctx.Err() != nil {
+			return nil, nil, aborted
+		}
+		if registry.IsAuth(err) {
+			w.c.fail(err)
+			return nil, nil, aborted
+		}
+		w.c.log.Warn("schema registry failed; decoding the batch again after the backoff (nothing is dead-lettered for it)",
+			"topic", w.key.topic, "partition", w.key.partition, "offset", recs[0].Offset, "batch_size", len(recs),
+			"attempt", attempt, "backoff", backoff, "err", err)
+		w.c.stats.retries.Add(1)
+		w.setRetrying(true)
+		if !w.sleep(backoff) {
+			if w.ctx.Err() != nil {
+				return nil, nil, aborted
+			}
+			return nil, nil, stopped
+		}
+		backoff = min(2*backoff, cfg.MaxRetryBackoff)
+	}
+}
+
 // batch decodes recs; records that cannot be decoded become the batch's
-// dead letters.
-func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
+// dead letters. An error is the schema registry's (or the worker's
+// context's): the batch is not made.
+func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link, error) {
 	cfg := &w.c.cfg
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
 		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: w.events[:0]}
 	var links []trace.Link
 	for _, r := range recs {
-		ev, err := Decode(r, cfg.Decode)
+		ev, err := DecodeContext(w.ctx, r, cfg.Decode)
 		var de *DecodeError
-		if errors.As(err, &de) {
+		if err != nil && !errors.As(err, &de) {
+			return nil, nil, fmt.Errorf("decode %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		}
+		if de != nil {
 			b.DeadLetters = append(b.DeadLetters, sink.DeadLetter{
 				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 				EventID: de.EventID, Reason: de.Reason, Key: r.Key, Value: r.Value,
@@ -515,7 +562,7 @@ func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link) {
 		}
 		b.Events = append(b.Events, ev)
 	}
-	return b, links
+	return b, links, nil
 }
 
 // offsetEvery is how long, at most, a partition's stored offset lags

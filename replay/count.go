@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -58,10 +59,14 @@ func (r *Replayer) Count(ctx context.Context, plan *Plan) error {
 	err := r.read(ctx, ranges, func(rec *kgo.Record) error {
 		p := &plan.Partitions[index[TopicPartition{rec.Topic, rec.Partition}]]
 		p.Records++
-		ev, err := processor.Decode(rec, r.cfg.Decode)
-		if err != nil {
+		ev, err := processor.DecodeContext(ctx, rec, r.cfg.Decode)
+		var de *processor.DecodeError
+		if errors.As(err, &de) {
 			p.Undecodable++
 			return nil
+		}
+		if err != nil { // the schema registry's: the count would be wrong
+			return err
 		}
 		chunk = append(chunk, pendingRecord{TopicPartition{rec.Topic, rec.Partition}, ev.ID, dedup.PayloadDigest(ev.Value), ev})
 		if len(chunk) >= countChunk {

@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
+	schemaregistry "github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -100,11 +101,18 @@ type app struct {
 	// client of kafka.brokers takes them (kafkaOptions). They hold the
 	// password: never log them.
 	kafkaSecurity []kgo.Opt
+	// schemas reads decode.format avro and protobuf (decode.schema_registry);
+	// nil with json and bytes.
+	schemas *schemaregistry.Decoder
 }
 
-func load(cmd *cobra.Command) (*app, error) {
+func load(cmd *cobra.Command) (*app, error) { return loadBinding(cmd, binds) }
+
+// loadBinding is load with the flags bs bound to keys: a command with a
+// flag of its own that shadows one of binds leaves that one out.
+func loadBinding(cmd *cobra.Command, bs []config.Flag) (*app, error) {
 	file, _ := cmd.Flags().GetString("config")
-	cfg, err := config.Load(file, cmd.Flags(), binds, config.Default{Key: "handlers", Value: registry.names})
+	cfg, err := config.Load(file, cmd.Flags(), bs, config.Default{Key: "handlers", Value: registry.names})
 	if err == nil {
 		err = registry.check(cfg.Handlers)
 	}
@@ -115,7 +123,11 @@ func load(cmd *cobra.Command) (*app, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	return &app{cfg: cfg, log: newLogger(cfg.Log), kafkaSecurity: security}, nil
+	a := &app{cfg: cfg, log: newLogger(cfg.Log), kafkaSecurity: security}
+	if a.schemas, err = newSchemaDecoder(cfg.Decode); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return a, nil
 }
 
 func newLogger(c config.Log) *slog.Logger {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/wire"
 )
 
@@ -21,6 +23,7 @@ func newProduceCmd() *cobra.Command {
 	var (
 		topic, key string
 		headers    []string
+		framing    framedValues
 	)
 	cmd := &cobra.Command{
 		Use:   "produce [VALUE...]",
@@ -42,9 +45,21 @@ To onceflow, a record sent twice with the same event id (the event_id
 header, or wherever decode.event_id_source says) is one event delivered
 twice, as after a producer's retry or a consumer's crash.
 
-  onceflow produce --topic payments --header event_id=7f8a0000-0000-0000-0000-000000000001 '{"amount":"12.50"}'`,
+  onceflow produce --topic payments --header event_id=7f8a0000-0000-0000-0000-000000000001 '{"amount":"12.50"}'
+
+With --format avro (--schema payment.avsc) or protobuf (--schema
+payment.proto --message Payment), each VALUE is the JSON of a record —
+the payload a SQL handler will see (docs/sql-handlers.md) — encoded with
+that schema, which is registered first under --subject (default
+TOPIC-value) at decode.schema_registry.url, and framed for the registry.
+A value the schema refuses is not sent, and reported like one over the
+limit.
+
+  onceflow produce --format avro --schema payment.avsc --header event_id=7f8a0000-0000-0000-0000-000000000002 '{"account":"acct-1","amount":12.50}'`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			a, err := load(cmd)
+			// --schema is produce's own (the value schema file), not
+			// postgres.schema, which produce does not use.
+			a, err := loadBinding(cmd, slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool { return f.Name == "schema" }))
 			if err != nil {
 				return err
 			}
@@ -61,6 +76,11 @@ twice, as after a producer's retry or a consumer's crash.
 			}
 			if cmd.Flags().Changed("key") {
 				p.key = []byte(key)
+			}
+			if framing.format != "" {
+				if p.encode, err = framing.encoder(cmd.Context(), a, p.topic); err != nil {
+					return err
+				}
 			}
 			// The client may take a record up to decode.max_record_bytes
 			// (its default batch limit is below 1 MiB); the topic's own
@@ -90,6 +110,10 @@ twice, as after a producer's retry or a consumer's crash.
 	cmd.Flags().StringVar(&topic, "topic", "", "topic to send to (default: the first of kafka.topics)")
 	cmd.Flags().StringVar(&key, "key", "", "record key (default: none)")
 	cmd.Flags().StringArrayVar(&headers, "header", nil, "record header key=value, repeatable")
+	cmd.Flags().StringVar(&framing.format, "format", "", "avro or protobuf: encode each JSON VALUE with --schema, framed for the schema registry (default: send VALUE as it is)")
+	cmd.Flags().StringVar(&framing.schema, "schema", "", "the schema file of --format: Avro JSON (.avsc) or a .proto")
+	cmd.Flags().StringVar(&framing.message, "message", "", "the Protobuf message of --schema (default: the file's first)")
+	cmd.Flags().StringVar(&framing.subject, "subject", "", "the subject to register --schema under (default: TOPIC-value)")
 	return cmd
 }
 
@@ -118,6 +142,9 @@ type producer struct {
 	limitWhy string        // where limit comes from, for the reports
 	out      io.Writer     // where each record landed
 	errOut   io.Writer     // each value not sent, and why
+	// encode, when set, turns each value read into the record's value
+	// (--format); a value it refuses is not sent.
+	encode func([]byte) ([]byte, error)
 }
 
 // overhead bounds the bytes a record batch of one record adds to its
@@ -170,6 +197,7 @@ type inFlight struct {
 	n        int // its line or argument number
 	rec      *kgo.Record
 	over     int64 // the value's length when over the limit (no record)
+	refusal  error // why encode refused the value (no record)
 	units    int   // of the window it holds
 	deadline time.Time
 	done     chan error // buffered: the promise never blocks
@@ -210,7 +238,14 @@ func (p *producer) run(ctx context.Context, cl *kgo.Client, in values, what stri
 		for range f.units {
 			units <- struct{}{}
 		}
-		if over == 0 {
+		if over == 0 && p.encode != nil {
+			if v, err = p.encode(v); err != nil {
+				f.refusal = err
+			} else if len(v) > p.limit {
+				f.over = int64(len(v))
+			}
+		}
+		if f.over == 0 && f.refusal == nil {
 			f.rec = &kgo.Record{Topic: p.topic, Key: p.key, Value: v, Headers: p.headers}
 			f.deadline, f.done = time.Now().Add(p.timeout), make(chan error, 1)
 			cl.Produce(ctx, f.rec, func(_ *kgo.Record, err error) { f.done <- err })
@@ -241,6 +276,11 @@ func (p *producer) run(ctx context.Context, cl *kgo.Client, in values, what stri
 // report waits for f's outcome, at most until its deadline, prints it and
 // counts it in sent, refused or unsure.
 func (p *producer) report(f *inFlight, what string, sent, refused, unsure *[]int) {
+	if f.rec == nil && f.refusal != nil {
+		*refused = append(*refused, f.n)
+		fmt.Fprintf(p.errOut, "%s %d: not sent: %v\n", what, f.n, f.refusal)
+		return
+	}
 	if f.rec == nil {
 		*refused = append(*refused, f.n)
 		fmt.Fprintf(p.errOut, "%s %d: not sent: %d bytes, over the limit of %d bytes (%s)\n", what, f.n, f.over, p.limit, p.limitWhy)

@@ -48,6 +48,9 @@ func (a *app) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer flushTracing(ctx, shutdownTracing)
+	if a.schemas != nil {
+		defer a.schemas.Close()
+	}
 	pool, err := a.newPool(a.cfg.Postgres.PoolSize)
 	if err != nil {
 		return err
@@ -68,6 +71,9 @@ func (a *app) run(ctx context.Context) (err error) {
 	var waitingKafka atomic.Bool
 	cfg.BeforeConsume = func(ctx context.Context) error {
 		if err := a.checkSQLHandlers(ctx, pool); err != nil {
+			return err
+		}
+		if err := a.checkSchemaRegistry(ctx); err != nil {
 			return err
 		}
 		waitingKafka.Store(true)
@@ -96,7 +102,7 @@ func (a *app) run(ctx context.Context) (err error) {
 		defer func() { err = errors.Join(err, stopServer(ctx, srv)) }()
 	}
 	stop := abortOnSecondSignal(ctx, a.log, p.Abort)
-	err = p.Run(ctx)
+	err = schemaRegistryRefused(p.Run(ctx))
 	return errors.Join(err, stop())
 }
 

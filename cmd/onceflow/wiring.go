@@ -116,5 +116,5 @@ func (a *app) consumerConfig(brokers []string, name string, tp trace.TracerProvi
 func (a *app) decodeConfig() processor.DecodeConfig {
 	d := a.cfg.Decode
 	return processor.DecodeConfig{Format: processor.Format(d.Format), IDSource: processor.IDSource(d.EventIDSource),
-		IDHeader: d.EventIDHeader, IDField: d.EventIDField, MaxBytes: d.MaxRecordBytes}
+		IDHeader: d.EventIDHeader, IDField: d.EventIDField, MaxBytes: d.MaxRecordBytes, Registry: a.schemas}
 }

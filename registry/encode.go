@@ -1,0 +1,507 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/big"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bufbuild/protocompile"
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// Encoder is the producer's side of a Decoder: it registers one schema
+// under a subject and turns JSON values — the payloads of the mapping a
+// Decoder writes — into framed records of that schema. It is what
+// `onceflow produce --format avro|protobuf` uses. Safe for concurrent use
+// once made.
+type Encoder struct {
+	id    int
+	kind  Kind
+	avro  avro.Schema
+	msg   protoreflect.MessageDescriptor
+	index []int
+}
+
+// Source is the schema an Encoder writes with.
+type Source struct {
+	Kind Kind
+	// Text is the schema: Avro JSON, or a .proto file whose imports are
+	// google/protobuf/* only.
+	Text string
+	// Message names the Protobuf message (its full name, or its name when
+	// that is unique in the file); default the file's first.
+	Message string
+}
+
+// NewEncoder compiles src and registers it under subject at the registry
+// cfg names (a schema already there keeps its id). Errors name what is
+// wrong with src, or are the registry's (IsAuth, IsTransient).
+func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*Encoder, error) {
+	e := &Encoder{kind: src.Kind}
+	var typ sr.SchemaType
+	switch src.Kind {
+	case Avro:
+		typ = sr.TypeAvro
+		s, err := avro.ParseWithCache(src.Text, "", &avro.SchemaCache{})
+		if err != nil {
+			return nil, fmt.Errorf("avro schema: %w", err)
+		}
+		e.avro = s
+	case Protobuf:
+		typ = sr.TypeProtobuf
+		const self = "schema.proto"
+		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+			Accessor: protocompile.SourceAccessorFromMap(map[string]string{self: src.Text})})}
+		fs, err := c.Compile(ctx, self)
+		if err != nil {
+			return nil, fmt.Errorf("protobuf schema: %w", err)
+		}
+		if e.msg, e.index, err = findMessage(fs[0], src.Message); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("registry: unknown kind %q", src.Kind)
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	rctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	ss, err := d.cl.CreateSchema(rctx, subject, sr.Schema{Schema: src.Text, Type: typ})
+	if err != nil {
+		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, 0))
+	}
+	e.id = ss.ID
+	return e, nil
+}
+
+// ID is the schema id the registry gave the schema.
+func (e *Encoder) ID() int { return e.id }
+
+// findMessage returns the message named name (full, or short when unique)
+// in f, and its message-index path.
+func findMessage(f protoreflect.FileDescriptor, name string) (protoreflect.MessageDescriptor, []int, error) {
+	type found struct {
+		md    protoreflect.MessageDescriptor
+		index []int
+	}
+	var all []found
+	var walk func(ms protoreflect.MessageDescriptors, path []int)
+	walk = func(ms protoreflect.MessageDescriptors, path []int) {
+		for i := range ms.Len() {
+			p := append(slices.Clone(path), i)
+			all = append(all, found{ms.Get(i), p})
+			walk(ms.Get(i).Messages(), p)
+		}
+	}
+	walk(f.Messages(), nil)
+	if len(all) == 0 {
+		return nil, nil, fmt.Errorf("protobuf schema: the file has no message")
+	}
+	if name == "" {
+		return all[0].md, all[0].index, nil
+	}
+	var hits []found
+	for _, m := range all {
+		if string(m.md.FullName()) == name || string(m.md.FullName()) == strings.TrimPrefix(name, ".") {
+			return m.md, m.index, nil
+		}
+		if string(m.md.Name()) == name {
+			hits = append(hits, m)
+		}
+	}
+	switch len(hits) {
+	case 1:
+		return hits[0].md, hits[0].index, nil
+	case 0:
+		return nil, nil, fmt.Errorf("protobuf schema: no message %q", name)
+	default:
+		return nil, nil, fmt.Errorf("protobuf schema: %d messages named %q: give the full name", len(hits), name)
+	}
+}
+
+// Encode turns value, JSON as the Decoder's mapping writes it (Protobuf:
+// proto3's JSON mapping, which also takes camelCase names), into a framed
+// record. A field of an Avro record that value omits takes the schema's
+// default; a field the schema does not have is an error.
+func (e *Encoder) Encode(value []byte) ([]byte, error) {
+	var h sr.ConfluentHeader
+	out, _ := h.AppendEncode(nil, e.id, e.index)
+	switch e.kind {
+	case Avro:
+		d := json.NewDecoder(bytes.NewReader(value))
+		d.UseNumber()
+		var v any
+		if err := d.Decode(&v); err != nil {
+			return nil, fmt.Errorf("not JSON: %w", err)
+		}
+		return appendAvro(out, e.avro, v, "value")
+	default:
+		m := dynamicpb.NewMessage(e.msg)
+		if err := protojson.Unmarshal(value, m); err != nil {
+			return nil, fmt.Errorf("not a %s in JSON: %w", e.msg.FullName(), err)
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		return append(out, b...), nil
+	}
+}
+
+func appendLong(b []byte, v int64) []byte { return binary.AppendVarint(b, v) }
+
+// appendAvro appends v, decoded JSON (numbers as json.Number), encoded as
+// s; at names the place in the value for errors.
+func appendAvro(b []byte, s avro.Schema, v any, at string) ([]byte, error) {
+	if ref, ok := s.(*avro.RefSchema); ok {
+		s = ref.Schema()
+	}
+	bad := func(want string) ([]byte, error) {
+		return nil, fmt.Errorf("%s: %s, want %s", at, describe(v), want)
+	}
+	switch s := s.(type) {
+	case *avro.NullSchema:
+		if v != nil {
+			return bad("null")
+		}
+		return b, nil
+	case *avro.PrimitiveSchema:
+		return appendPrimitive(b, s, v, at)
+	case *avro.RecordSchema:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return bad("an object (record " + s.FullName() + ")")
+		}
+		known := map[string]bool{}
+		for _, f := range s.Fields() {
+			known[f.Name()] = true
+			fv, ok := m[f.Name()]
+			if !ok {
+				if !f.HasDefault() {
+					return nil, fmt.Errorf("%s: no field %q, which has no default", at, f.Name())
+				}
+				j, err := json.Marshal(f.Default())
+				if err != nil {
+					return nil, fmt.Errorf("%s.%s: default: %w", at, f.Name(), err)
+				}
+				d := json.NewDecoder(bytes.NewReader(j))
+				d.UseNumber()
+				if err := d.Decode(&fv); err != nil {
+					return nil, err
+				}
+			}
+			var err error
+			if b, err = appendAvro(b, f.Type(), fv, at+"."+f.Name()); err != nil {
+				return nil, err
+			}
+		}
+		for k := range m {
+			if !known[k] {
+				return nil, fmt.Errorf("%s: field %q is not in record %s", at, k, s.FullName())
+			}
+		}
+		return b, nil
+	case *avro.EnumSchema:
+		str, _ := v.(string)
+		i := slices.Index(s.Symbols(), str)
+		if i < 0 {
+			return bad("one of " + strings.Join(s.Symbols(), ", "))
+		}
+		return appendLong(b, int64(i)), nil
+	case *avro.ArraySchema:
+		a, ok := v.([]any)
+		if !ok {
+			return bad("an array")
+		}
+		if len(a) > 0 {
+			b = appendLong(b, int64(len(a)))
+			for i, x := range a {
+				var err error
+				if b, err = appendAvro(b, s.Items(), x, fmt.Sprintf("%s[%d]", at, i)); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return appendLong(b, 0), nil
+	case *avro.MapSchema:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return bad("an object (map)")
+		}
+		if len(m) > 0 {
+			b = appendLong(b, int64(len(m)))
+			keys := slices.Sorted(func(yield func(string) bool) {
+				for k := range m {
+					if !yield(k) {
+						return
+					}
+				}
+			})
+			for _, k := range keys {
+				b = appendLong(b, int64(len(k)))
+				b = append(b, k...)
+				var err error
+				if b, err = appendAvro(b, s.Values(), m[k], at+"."+k); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return appendLong(b, 0), nil
+	case *avro.UnionSchema:
+		var errs []string
+		for i, t := range s.Types() {
+			out, err := appendAvro(appendLong(slices.Clone(b), int64(i)), t, v, at)
+			if err == nil {
+				return out, nil
+			}
+			errs = append(errs, err.Error())
+		}
+		return nil, fmt.Errorf("%s: %s fits no branch of the union: %s", at, describe(v), strings.Join(errs, "; "))
+	case *avro.FixedSchema:
+		if l := s.Logical(); l != nil && l.Type() == avro.Decimal {
+			u, err := unscaled(v, l.(*avro.DecimalLogicalSchema).Scale(), at)
+			if err != nil {
+				return nil, err
+			}
+			tc, ok := twosComplement(u, s.Size())
+			if !ok {
+				return nil, fmt.Errorf("%s: %s does not fit %d bytes", at, describe(v), s.Size())
+			}
+			return append(b, tc...), nil
+		}
+		if l := s.Logical(); l != nil && l.Type() == avro.Duration {
+			m, ok := v.(map[string]any)
+			if !ok {
+				return bad(`{"months":…,"days":…,"milliseconds":…}`)
+			}
+			for _, k := range []string{"months", "days", "milliseconds"} {
+				n, err := strconv.ParseUint(fmt.Sprint(m[k]), 10, 32)
+				if err != nil {
+					return nil, fmt.Errorf("%s.%s: %s is not a uint32", at, k, describe(m[k]))
+				}
+				b = binary.LittleEndian.AppendUint32(b, uint32(n))
+			}
+			return b, nil
+		}
+		str, _ := v.(string)
+		raw, err := base64.StdEncoding.DecodeString(str)
+		if _, isStr := v.(string); !isStr || err != nil || len(raw) != s.Size() {
+			return bad(fmt.Sprintf("%d bytes in base64", s.Size()))
+		}
+		return append(b, raw...), nil
+	}
+	return nil, fmt.Errorf("%s: schema type %s is not supported", at, s.Type())
+}
+
+func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byte, error) {
+	var logical avro.LogicalType
+	if l := s.Logical(); l != nil {
+		logical = l.Type()
+	}
+	bad := func(want string) ([]byte, error) {
+		return nil, fmt.Errorf("%s: %s, want %s", at, describe(v), want)
+	}
+	str, isStr := v.(string)
+	num, isNum := v.(json.Number)
+	parseTime := func(layout string) (time.Time, bool) {
+		t, err := time.Parse(layout, str)
+		return t, isStr && err == nil
+	}
+	switch s.Type() {
+	case avro.Null:
+		if v != nil {
+			return bad("null")
+		}
+		return b, nil
+	case avro.Boolean:
+		x, ok := v.(bool)
+		if !ok {
+			return bad("true or false")
+		}
+		if x {
+			return append(b, 1), nil
+		}
+		return append(b, 0), nil
+	case avro.Int:
+		switch logical {
+		case avro.Date:
+			t, ok := parseTime("2006-01-02")
+			if !ok {
+				return bad(`a date, "2006-01-02"`)
+			}
+			return appendLong(b, t.Unix()/86400), nil
+		case avro.TimeMillis:
+			t, ok := parseTime("15:04:05.999999999")
+			if !ok {
+				return bad(`a time of day, "15:04:05.000"`)
+			}
+			return appendLong(b, t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)).Milliseconds()), nil
+		}
+		n, err := strconv.ParseInt(string(num), 10, 32)
+		if !isNum || err != nil {
+			return bad("an int")
+		}
+		return appendLong(b, n), nil
+	case avro.Long:
+		switch logical {
+		case avro.TimeMicros:
+			t, ok := parseTime("15:04:05.999999999")
+			if !ok {
+				return bad(`a time of day, "15:04:05.000000"`)
+			}
+			return appendLong(b, t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()), nil
+		case avro.TimestampMillis, avro.TimestampMicros:
+			t, ok := parseTime(time.RFC3339Nano)
+			if !ok {
+				return bad(`a timestamp, "2006-01-02T15:04:05.000Z"`)
+			}
+			if logical == avro.TimestampMillis {
+				return appendLong(b, t.UnixMilli()), nil
+			}
+			return appendLong(b, t.UnixMicro()), nil
+		case avro.LocalTimestampMillis, avro.LocalTimestampMicros:
+			t, ok := parseTime("2006-01-02T15:04:05.999999999")
+			if !ok {
+				return bad(`a local timestamp, "2006-01-02T15:04:05.000"`)
+			}
+			if logical == avro.LocalTimestampMillis {
+				return appendLong(b, t.UnixMilli()), nil
+			}
+			return appendLong(b, t.UnixMicro()), nil
+		}
+		n, err := strconv.ParseInt(string(num), 10, 64)
+		if isStr {
+			n, err = strconv.ParseInt(str, 10, 64)
+		}
+		if (!isNum && !isStr) || err != nil {
+			return bad("a long")
+		}
+		return appendLong(b, n), nil
+	case avro.Float, avro.Double:
+		var f float64
+		switch {
+		case isNum:
+			x, err := num.Float64()
+			if err != nil {
+				return bad("a number")
+			}
+			f = x
+		case str == "NaN":
+			f = math.NaN()
+		case str == "Infinity":
+			f = math.Inf(1)
+		case str == "-Infinity":
+			f = math.Inf(-1)
+		default:
+			return bad("a number")
+		}
+		if s.Type() == avro.Float {
+			return binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(f))), nil
+		}
+		return binary.LittleEndian.AppendUint64(b, math.Float64bits(f)), nil
+	case avro.String:
+		if !isStr {
+			return bad("a string")
+		}
+		b = appendLong(b, int64(len(str)))
+		return append(b, str...), nil
+	case avro.Bytes:
+		var raw []byte
+		if logical == avro.Decimal {
+			u, err := unscaled(v, s.Logical().(*avro.DecimalLogicalSchema).Scale(), at)
+			if err != nil {
+				return nil, err
+			}
+			raw, _ = twosComplement(u, 0)
+		} else {
+			var err error
+			if raw, err = base64.StdEncoding.DecodeString(str); !isStr || err != nil {
+				return bad("bytes in base64")
+			}
+		}
+		b = appendLong(b, int64(len(raw)))
+		return append(b, raw...), nil
+	}
+	return nil, fmt.Errorf("%s: primitive type %s is not supported", at, s.Type())
+}
+
+// unscaled is v, a decimal as a number or a string, times 10^scale: an
+// integer, or an error when v has more decimals than scale.
+func unscaled(v any, scale int, at string) (*big.Int, error) {
+	var text string
+	switch x := v.(type) {
+	case json.Number:
+		text = string(x)
+	case string:
+		text = x
+	default:
+		return nil, fmt.Errorf("%s: %s, want a decimal", at, describe(v))
+	}
+	r, ok := new(big.Rat).SetString(text)
+	if !ok {
+		return nil, fmt.Errorf("%s: %q is not a decimal", at, text)
+	}
+	r.Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(scale)), nil)))
+	if !r.IsInt() {
+		return nil, fmt.Errorf("%s: %s has more than %d decimals", at, text, scale)
+	}
+	return r.Num(), nil
+}
+
+// twosComplement is n in big-endian two's complement: in size bytes
+// (false if it does not fit), or in as few as it takes when size is 0.
+func twosComplement(n *big.Int, size int) ([]byte, bool) {
+	bits := n.BitLen() + 1 // a sign bit
+	need := (bits + 7) / 8
+	if size == 0 {
+		size = need
+	}
+	if need > size {
+		return nil, false
+	}
+	m := new(big.Int).Set(n)
+	if n.Sign() < 0 {
+		m.Add(m, new(big.Int).Lsh(big.NewInt(1), uint(size*8)))
+	}
+	out := make([]byte, size)
+	return m.FillBytes(out), true
+}
+
+func describe(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return strconv.Quote(x)
+	case json.Number:
+		return string(x)
+	case bool:
+		return strconv.FormatBool(x)
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
+}

@@ -1,0 +1,88 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/twmb/franz-go/pkg/sr"
+)
+
+// DataError is a value that cannot be decoded whatever the registry does
+// next: it is not framed, names a schema id the registry does not know,
+// or its body does not match its schema. SchemaID is 0 when the value
+// names none; Subject is empty when the registry named none.
+type DataError struct {
+	SchemaID int
+	Subject  string
+	Reason   string
+}
+
+func (e *DataError) Error() string {
+	switch {
+	case e.SchemaID == 0:
+		return e.Reason
+	case e.Subject == "":
+		return fmt.Sprintf("schema id %d: %s", e.SchemaID, e.Reason)
+	default:
+		return fmt.Sprintf("schema id %d (subject %s): %s", e.SchemaID, e.Subject, e.Reason)
+	}
+}
+
+// registryError is the registry failing to answer, or refusing to.
+type registryError struct {
+	status int // HTTP status; 0 when there was no answer
+	err    error
+}
+
+func (e *registryError) Error() string {
+	switch {
+	case e.status == http.StatusUnauthorized || e.status == http.StatusForbidden:
+		return fmt.Sprintf("schema registry refused the credentials (HTTP %d): %v", e.status, e.err)
+	case e.status != 0:
+		return fmt.Sprintf("schema registry answered HTTP %d: %v", e.status, e.err)
+	default:
+		return fmt.Sprintf("schema registry unreachable: %v", e.err)
+	}
+}
+
+func (e *registryError) Unwrap() error { return e.err }
+
+// IsTransient reports whether err is the registry being unreachable or
+// failing for now (no answer, a timeout, 5xx, 429, or any other answer
+// that is not about the value): retry later. A registry that is down never
+// makes a record a dead letter.
+func IsTransient(err error) bool {
+	var re *registryError
+	return errors.As(err, &re) && !IsAuth(err)
+}
+
+// IsAuth reports whether err is the registry refusing the credentials
+// (HTTP 401 or 403): configuration, which no retry fixes.
+func IsAuth(err error) bool {
+	var re *registryError
+	return errors.As(err, &re) && (re.status == http.StatusUnauthorized || re.status == http.StatusForbidden)
+}
+
+// codeSchemaNotFound is the error_code of Confluent's API (Apicurio's
+// ccompat too) for a schema id it does not know. A 404 without it is a
+// URL that is not the API's (a path missing), never a reason to
+// dead-letter.
+const codeSchemaNotFound = 40403
+
+// classify turns an error of the sr client asking for schema id (0: not
+// about one id) into a *DataError (the id is unknown), or a registryError.
+func classify(err error, id int) error {
+	var re *sr.ResponseError
+	if errors.As(err, &re) {
+		if re.StatusCode == http.StatusNotFound && re.ErrorCode == codeSchemaNotFound && id != 0 {
+			return &DataError{SchemaID: id, Reason: "the schema registry does not know this schema id"}
+		}
+		return &registryError{status: re.StatusCode, err: err}
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return &registryError{err: err}
+}
