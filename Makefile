@@ -20,10 +20,10 @@ test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-r
 	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) ONCEFLOW_TEST_SCHEMA_REGISTRY=$$(infra/schema-registry.sh url) \
 	ONCEFLOW_TEST_KAFKA_SECURE=$$(infra/kafka-secure.sh client) ONCEFLOW_TEST_POSTGRES_TLS_DSN="$$(infra/postgres-tls.sh dsn)" \
 	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \
-	infra/gotest.sh -race -shuffle=on -count=1 $(PKGS)
+	infra/gotest.sh -race -shuffle=on -count=1 -timeout 20m $(PKGS)
 
 test-kfake: up-postgres ## the suite on kfake only (no Java, no Jaeger build)
-	ONCEFLOW_TEST_KFAKE_ONLY=1 infra/gotest.sh -race -shuffle=on -count=1 $(PKGS)
+	ONCEFLOW_TEST_KFAKE_ONLY=1 infra/gotest.sh -race -shuffle=on -count=1 -timeout 20m $(PKGS)
 
 lint: ## go vet and gofmt
 	$(GO) vet $(PKGS)

@@ -147,6 +147,12 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=500
+# KIP-848 (group.protocol=consumer) groups: the broker sets their session and heartbeat.
+# Test-sized like the classic members' 3 s session (Kafka's defaults: 45 s and 5 s).
+group.consumer.min.session.timeout.ms=1000
+group.consumer.session.timeout.ms=3000
+group.consumer.min.heartbeat.interval.ms=300
+group.consumer.heartbeat.interval.ms=300
 auto.create.topics.enable=true
 delete.topic.enable=true
 CONF

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,7 +57,20 @@ func brokers(t *testing.T) []broker {
 
 // eachBroker runs f as a subtest per broker; the subtest name says which.
 func eachBroker(t *testing.T, f func(t *testing.T, b broker)) {
-	for _, b := range brokers(t) {
+	runEach(t, brokers(t), f)
+}
+
+// eachPlainBroker is eachBroker without the SASL_SSL broker, for the
+// scenarios whose cost is the broker's own timing (a recreated topic's
+// detection, a group's sessions) and to which the transport adds nothing:
+// they run on kfake and the plaintext Kafka.
+func eachPlainBroker(t *testing.T, f func(t *testing.T, b broker)) {
+	bs := brokers(t)
+	runEach(t, slices.DeleteFunc(bs, func(b broker) bool { return b.name != "kfake" && b.name != "kafka" }), f)
+}
+
+func runEach(t *testing.T, bs []broker, f func(t *testing.T, b broker)) {
+	for _, b := range bs {
 		t.Run(b.name, func(t *testing.T) {
 			t.Logf("broker: %s", b.name)
 			f(t, b)

@@ -69,7 +69,7 @@ func waitWorkers(t *testing.T, want int64, timeout time.Duration, ms ...*member)
 // previous owner released it (its revoke drained and committed), or once
 // a killed owner's session expired.
 func TestConsumerProtocolChurn(t *testing.T) {
-	eachBroker(t, func(t *testing.T, b broker) {
+	eachPlainBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 6)
 		stream, err := orders.Generate(6000, 0.3, 31)
 		if err != nil {
@@ -137,7 +137,7 @@ func TestStaticMemberRestartKeepsPartitions(t *testing.T) {
 	} {
 		stop := map[bool]string{true: "killed", false: "drained"}[tc.kill]
 		t.Run(string(tc.protocol)+"/"+stop, func(t *testing.T) {
-			eachBroker(t, func(t *testing.T, b broker) {
+			eachPlainBroker(t, func(t *testing.T, b broker) {
 				e := newEnv(t, b, 4)
 				stream, err := orders.Generate(4000, 0.2, 32)
 				if err != nil {

@@ -45,7 +45,7 @@ func TestRecreatedTopicIsConsumed(t *testing.T) {
 		{name: "readded-while-missing", partitions: 3, seenMissing: true, readded: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			eachBroker(t, func(t *testing.T, b broker) {
+			eachPlainBroker(t, func(t *testing.T, b broker) {
 				e := newEnv(t, b, 2)
 				logs := &logRecorder{}
 				var ms []*member
@@ -221,7 +221,7 @@ func (e *env) createTopicAgain(topic string, partitions int32) {
 // keeps on the old topic id (every produce to the new topic failed with
 // UNKNOWN_TOPIC_ID), learns the new one, and no row stays unpublished.
 func TestRecreatedDeadLetterTopicIsPublished(t *testing.T) {
-	eachBroker(t, func(t *testing.T, b broker) {
+	eachPlainBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 1)
 		cfg := e.config("recreate-dlq")
 		cfg.ProduceTimeout, cfg.CallTimeout = 2*time.Second, 2*time.Second // a failed copy is leased again 6s later
