@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake lint fuzz bench bench-full bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
+.PHONY: help build demo test test-kfake check-rules lint fuzz bench bench-full bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -16,7 +16,8 @@ build: ## build bin/onceflow
 demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
 	$(GO) run ./cmd/onceflow demo $(ARGS)
 
-test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry ## the whole suite, race detector on: real Postgres (also over TLS), kfake and real Kafka (also over SASL_SSL), real Jaeger, srfake and a real schema registry
+test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry ## the whole suite, race detector on: real Postgres (also over TLS), kfake and real Kafka (also over SASL_SSL), real Jaeger, srfake and a real schema registry, promtool on the alert rules
+	ONCEFLOW_PROMTOOL=$$(infra/promtool.sh build) && export ONCEFLOW_PROMTOOL && \
 	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) ONCEFLOW_TEST_SCHEMA_REGISTRY=$$(infra/schema-registry.sh url) \
 	ONCEFLOW_TEST_KAFKA_SECURE=$$(infra/kafka-secure.sh client) ONCEFLOW_TEST_POSTGRES_TLS_DSN="$$(infra/postgres-tls.sh dsn)" \
 	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \
@@ -58,6 +59,9 @@ chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka an
 
 chaos-long: ## the guarantee under faults, long mode: 30 minutes of faults, at least 250 SIGKILLs
 	$(GO) run ./chaos -duration 30m -min-kills 250 $(ARGS)
+
+check-rules: ## promtool check rules and test rules over deploy/prometheus (promtool built once, pinned, into ~/.cache/onceflow)
+	infra/promtool.sh check
 
 fuzz: ## fuzz the record decoders for 30s each (JSON and headers; Avro and Protobuf bodies)
 	$(GO) test ./processor -run '^$$' -fuzz FuzzDecode -fuzztime 30s

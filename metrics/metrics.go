@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,12 +25,15 @@ type Metrics struct {
 	mu        sync.Mutex
 	consumers []*processor.Consumer
 	caches    []*dedup.Cache
+
+	parts partitions // per-partition state and readiness: partitions.go
 }
 
 // New returns Metrics with their own registry, which also holds the Go
 // runtime's and the process's collectors.
 func New() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.parts = partitions{m: m, now: time.Now}
 	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "onceflow_batch_records", Help: "Records per committed batch.",
 		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
@@ -38,7 +42,7 @@ func New() *Metrics {
 		Name: "onceflow_batch_duration_seconds", Help: "Time from a batch closing to its COMMIT, retries included.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	})
-	m.reg.MustRegister(m.batchSize, m.batchDur, m, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.batchSize, m.batchDur, m, &m.parts, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -60,6 +60,11 @@ type worker struct {
 
 	next     atomic.Int64 // records below it are written: dropped
 	retrying bool         // worker goroutine only
+	// inflight is the first record of the batch being written, nil
+	// between batches; retryingNow mirrors retrying. Both are read by
+	// Partitions.
+	inflight    atomic.Pointer[kgo.Record]
+	retryingNow atomic.Bool
 	// storedAt is when fence was stored (or the lease taken), and
 	// wroteNothing whether the last batch, at its first attempt, found
 	// every event applied: with more records queued, the next batch may
@@ -274,6 +279,9 @@ func (w *worker) take() []*kgo.Record {
 		n++
 	}
 	batch := w.queue[:n:n]
+	if n > 0 {
+		w.inflight.Store(batch[0])
+	}
 	w.queue = w.queue[n:]
 	w.qbytes -= size
 	if len(w.queue) == 0 {
@@ -307,6 +315,9 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 		switch why {
 		case committed:
 			recs, retry = recs[n:], false
+			if len(recs) > 0 {
+				w.inflight.Store(recs[0]) // a prefix committed: the rest is in flight
+			}
 			if len(recs) > 0 && w.stopping() {
 				// As nextBatch: a stopping worker starts no batch; the
 				// records left are the next owner's to read.
@@ -597,6 +608,7 @@ func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Recor
 		w.fence, w.storedAt, w.deferred = res.NextOffset, time.Now(), nil
 	}
 	w.next.Store(res.NextOffset)
+	w.inflight.Store(nil)
 	if !w.c.aborting.Load() && !res.OffsetDeferred {
 		// Only now may Kafka learn of the batch: marked offsets are
 		// committed in the background, on revoke and on shutdown. Kafka
@@ -634,6 +646,7 @@ func (w *worker) setRetrying(on bool) {
 		return
 	}
 	w.retrying = on
+	w.retryingNow.Store(on)
 	if on {
 		w.c.stats.retrying.Add(1)
 	} else {

@@ -94,7 +94,9 @@ func (a *app) run(ctx context.Context) (err error) {
 			}
 			return p.Ready()
 		}}
-		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka))
+		checks := []api.Check{api.PostgresCheck(pool), kafka}
+		exportChecks(m, checks)
+		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), checks...))
 		if err != nil {
 			return err
 		}
@@ -118,4 +120,11 @@ func flushTracing(ctx context.Context, shutdown func(context.Context) error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = shutdown(sctx)
+}
+
+// exportChecks exports each of /readyz's checks as onceflow_ready{check}.
+func exportChecks(m *metrics.Metrics, checks []api.Check) {
+	for _, c := range checks {
+		m.AddCheck(c.Name, c.Ready)
+	}
 }

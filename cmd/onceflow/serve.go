@@ -219,7 +219,9 @@ func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metric
 		return nil, err
 	}
 	kafka := api.Check{Name: "kafka", Ready: func(context.Context) error { return c.Ready() }}
-	mux := api.NewMux(m.Handler(), api.PostgresCheck(pool), kafka)
+	checks := []api.Check{api.PostgresCheck(pool), kafka}
+	exportChecks(m, checks)
+	mux := api.NewMux(m.Handler(), checks...)
 	seed.Register(mux)
 	return mux, nil
 }

@@ -1,0 +1,188 @@
+package deploy_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/onceflow/onceflow/deploy"
+)
+
+// EnvPromtool names the environment variable with the path of a promtool
+// binary (infra/promtool.sh build prints one). Without it the promtool
+// checks skip, unless CI is set: then they fail.
+const EnvPromtool = "ONCEFLOW_PROMTOOL"
+
+func promtool(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv(EnvPromtool)
+	if p == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set and CI is: the alert rules must be checked by promtool (infra/promtool.sh build)", EnvPromtool)
+		}
+		t.Skipf("%s is not set (infra/promtool.sh build prints the path)", EnvPromtool)
+	}
+	return p
+}
+
+func run(t *testing.T, dir, bin string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("promtool %s:\n%s", strings.Join(args, " "), out)
+}
+
+// The rule file is valid, and each alert fires and stays silent as its
+// unit tests say, in the promtool the Makefile pins.
+func TestRulesPassPromtool(t *testing.T) {
+	bin := promtool(t)
+	run(t, "prometheus", bin, "check", "rules", "onceflow-rules.yaml")
+	run(t, "prometheus", bin, "test", "rules", "onceflow-rules.test.yaml")
+}
+
+// Every alert has unit tests that expect it to fire and not to fire.
+func TestEveryAlertIsUnitTested(t *testing.T) {
+	rules, err := deploy.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests, err := os.ReadFile(filepath.Join("prometheus", "onceflow-rules.test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		n := strings.Count(string(tests), "alertname: "+r.Alert+"\n")
+		fires := regexp.MustCompile(`alertname: ` + r.Alert + `\n\s+exp_alerts:\n\s+- exp_labels`).MatchString(string(tests))
+		silent := strings.Contains(string(tests), "alertname: "+r.Alert+"\n        exp_alerts: []")
+		if n < 2 || !fires || !silent {
+			t.Errorf("alert %s: %d unit tests, firing %v, silent %v; want one firing and one silent at least", r.Alert, n, fires, silent)
+		}
+	}
+}
+
+// Every alert has a severity, a summary and a description that points at
+// a section of docs/operating.md that exists.
+func TestAlertsPointAtTheirSection(t *testing.T) {
+	rules, err := deploy.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#{1,6} (.+)$`).FindAllStringSubmatch(string(doc), -1) {
+		anchors[anchor(m[1])] = true
+	}
+	link := regexp.MustCompile(`docs/operating\.md#([a-z0-9_-]+)`)
+	if len(rules) == 0 {
+		t.Fatal("no rules")
+	}
+	for _, r := range rules {
+		if r.Labels["severity"] == "" || r.Annotations["summary"] == "" {
+			t.Errorf("alert %s: severity %q, summary %q: want both", r.Alert, r.Labels["severity"], r.Annotations["summary"])
+		}
+		m := link.FindStringSubmatch(r.Annotations["description"])
+		switch {
+		case m == nil:
+			t.Errorf("alert %s: its description names no section of docs/operating.md", r.Alert)
+		case !anchors[m[1]]:
+			t.Errorf("alert %s: docs/operating.md has no section #%s", r.Alert, m[1])
+		case m[1] != strings.ToLower(r.Alert):
+			t.Errorf("alert %s points at #%s, want its own section #%s", r.Alert, m[1], strings.ToLower(r.Alert))
+		}
+	}
+}
+
+// anchor is GitHub's anchor of a heading (as docs/docs_test.go computes it).
+func anchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r > 127:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// Each dashboard expression parses as PromQL: promtool checks a rule file
+// with one recording rule per expression, in a group named after its
+// panel and query, so an error names the panel.
+func TestDashboardExpressionsParse(t *testing.T) {
+	exprs, err := deploy.DashboardExprs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("groups:\n")
+	for i, e := range exprs {
+		fmt.Fprintf(&b, "  - name: %q\n    rules:\n      - record: dashboard:query_%d\n        expr: %q\n", e.Where, i, e.Expr)
+	}
+	bin := promtool(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "dashboard-rules.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, dir, bin, "check", "rules", "dashboard-rules.yaml")
+}
+
+// The dashboard shows what operators look at: throughput, batch latency,
+// lag and time lag per partition, retries, dead letters, skips by layer,
+// conflicts; each panel has a title, a data source and a unique id.
+func TestDashboardShowsEachSignal(t *testing.T) {
+	exprs, err := deploy.DashboardExprs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, e := range exprs {
+		for _, n := range deploy.MetricNames(e.Expr) {
+			used[n] = true
+		}
+	}
+	for _, want := range []string{
+		"onceflow_records_consumed_total", "onceflow_events_applied_total", "onceflow_batch_duration_seconds_bucket",
+		"onceflow_partition_lag", "onceflow_partition_time_lag_seconds", "onceflow_transaction_retries_total",
+		"onceflow_partition_retrying", "onceflow_dead_letters_total", "onceflow_dead_letters_published_total",
+		"onceflow_duplicates_skipped_total", "onceflow_duplicates_conflicting_total", "onceflow_batches_fenced_total",
+		"onceflow_ready",
+	} {
+		if !used[want] {
+			t.Errorf("no dashboard panel reads %s", want)
+		}
+	}
+}
+
+func TestMetricNames(t *testing.T) {
+	for _, tc := range []struct {
+		name, expr string
+		want       []string
+	}{
+		{"one", `onceflow_ready == 0`, []string{"onceflow_ready"}},
+		{"labels and functions", `sum by (topic, partition) (rate(onceflow_partition_committed_offset{job=~"x"}[5m]))`,
+			[]string{"onceflow_partition_committed_offset"}},
+		{"two, a histogram's series", `sum(rate(onceflow_batch_records_sum[1m])) / sum(rate(onceflow_batch_records_count[1m])) > go_goroutines`,
+			[]string{"go_goroutines", "onceflow_batch_records_count", "onceflow_batch_records_sum"}},
+		{"not inside a string", `process_resident_memory_bytes{job="onceflow_demo"}`, []string{"process_resident_memory_bytes"}},
+		{"repeated once", `onceflow_ready and onceflow_ready offset 10m`, []string{"onceflow_ready"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := deploy.MetricNames(tc.expr); !slices.Equal(got, tc.want) {
+				t.Errorf("MetricNames(%q) = %v, want %v", tc.expr, got, tc.want)
+			}
+		})
+	}
+}
