@@ -264,12 +264,12 @@ type pending struct {
 
 // outcome is what one application of some events did inside a transaction.
 type outcome struct {
-	claimed   []dedup.Key
-	digests   []dedup.Digest // digests[i] was stored with claimed[i]
-	already   []skip
-	dead      []DeadLetter // events isolated into dead letters, conflicts included
-	slice     int32        // the dedup slice the claims went to, when there are any
-	next      int64        // the offset the transaction stored (see Result.NextOffset)
+	claimed []dedup.Key
+	digests []dedup.Digest // digests[i] was stored with claimed[i]
+	already []skip
+	dead    []DeadLetter // events isolated into dead letters, conflicts included
+	slice   int32        // the dedup slice the claims went to, when there are any
+	next    int64        // the offset the transaction stored (see Result.NextOffset)
 	// recorded are the dead_letters rows the transaction inserted (set by
 	// transaction, not by merge): the dead letters of the records it
 	// settled that were not recorded before.
