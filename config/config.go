@@ -41,7 +41,9 @@ type Config struct {
 	// SQLHandlers are handlers written in SQL, applied besides Handlers.
 	SQLHandlers []SQLHandler `mapstructure:"sql_handlers"`
 	// DrainTimeout bounds finishing in-flight batches on SIGTERM or a
-	// revoke; what is left is then aborted (rolled back).
+	// revoke; what is left is then aborted (rolled back), but for a
+	// COMMIT already sent, whose answer is waited for within
+	// postgres.tx_timeout.
 	DrainTimeout time.Duration `mapstructure:"drain_timeout"`
 }
 

@@ -414,9 +414,10 @@ func (r *Runner) Stats() processor.Stats {
 	return c.Stats()
 }
 
-// Abort stops Run as a crash would: in-flight transactions roll back and
-// no Kafka offset is committed (see processor.Consumer.Abort); waiting for
-// Postgres ends at once. Run then returns nil. What committed to Postgres
+// Abort stops Run as a crash would: in-flight transactions roll back (a
+// COMMIT already sent is waited for) and no Kafka offset is committed (see
+// processor.Consumer.Abort); waiting for Postgres ends at once. Run then
+// returns nil. What committed to Postgres
 // stays, and the partitions' next owners resume from there. Abort is safe
 // to call at any time and more than once; after it, Run does nothing.
 func (r *Runner) Abort() {

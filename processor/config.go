@@ -85,7 +85,9 @@ type Config struct {
 	SessionTimeout   time.Duration
 	RebalanceTimeout time.Duration
 	// DrainTimeout bounds finishing in-flight batches on revoke or
-	// shutdown; what is not committed by then is aborted (rolled back).
+	// shutdown; what is not committed by then is aborted (rolled back),
+	// but for a COMMIT already sent, whose answer is waited for (see
+	// Consumer.Abort).
 	// Default 10s; it must be shorter than RebalanceTimeout.
 	DrainTimeout time.Duration
 	// RetryBackoff is the first wait after a failed transaction, doubling

@@ -145,7 +145,8 @@ type Consumer struct {
 	ran      atomic.Bool
 
 	// hard is the parent of every worker's context; Abort cancels it, so
-	// every in-flight transaction rolls back.
+	// every in-flight transaction rolls back (but one whose COMMIT was
+	// sent, which the Writer waits for: see Abort).
 	hard         context.Context
 	cancelHard   context.CancelFunc
 	cancelRun    context.CancelFunc
@@ -207,9 +208,13 @@ func New(cfg Config, w Writer) (*Consumer, error) {
 // closed its client, which leaves the group: the partitions are assigned
 // again at once. Kill does not leave. Whatever
 // was committed to Postgres stays, and the partitions' next owners resume
-// from the offsets stored there. Abort during a drain ends the drain at
-// once. Abort is safe to call at any time, more than once, and
-// concurrently with Run.
+// from the offsets stored there. A transaction whose COMMIT was sent
+// cannot be taken back: sink.Writer waits for its answer (within
+// sink.Config.TxTimeout), and a batch that committed is counted in Stats —
+// the next owners will not read it again, so no one else counts it — but
+// its Kafka offset is not marked. Abort during a drain
+// ends the drain at once, but for such a COMMIT. Abort is safe to call at
+// any time, more than once, and concurrently with Run.
 func (c *Consumer) Abort() {
 	c.abort(false)
 }

@@ -155,7 +155,8 @@
 // session timeout.
 //
 // On context cancellation Run drains within DrainTimeout, commits, leaves
-// the group and returns; Abort ends it at once, as a crash would, and its
+// the group and returns; Abort ends it at once, as a crash would (but for
+// a COMMIT already sent, which is waited for and counted), and its
 // client still leaves the group as it closes; Kill also keeps the client
 // from saying anything more, as SIGKILL would: the member stays in the
 // group until its session times out.

@@ -264,12 +264,12 @@ type pending struct {
 
 // outcome is what one application of some events did inside a transaction.
 type outcome struct {
-	claimed   []dedup.Key
-	digests   []dedup.Digest // digests[i] was stored with claimed[i]
-	already   []skip
-	dead      []DeadLetter // events isolated into dead letters, conflicts included
-	slice     int32        // the dedup slice the claims went to, when there are any
-	next      int64        // the offset the transaction stored (see Result.NextOffset)
+	claimed []dedup.Key
+	digests []dedup.Digest // digests[i] was stored with claimed[i]
+	already []skip
+	dead    []DeadLetter // events isolated into dead letters, conflicts included
+	slice   int32        // the dedup slice the claims went to, when there are any
+	next    int64        // the offset the transaction stored (see Result.NextOffset)
 	// recorded are the dead_letters rows the transaction inserted (set by
 	// transaction, not by merge): the dead letters of the records it
 	// settled that were not recorded before.
@@ -313,13 +313,19 @@ func (o *outcome) merge(p outcome) {
 // claims, isolating or not; a concurrent batch that shares keys with it
 // waits for its COMMIT.
 //
+// ctx canceled before COMMIT is sent rolls the transaction back, and Write
+// returns its error; canceled after, it does not cut COMMIT short: Write
+// waits for COMMIT's answer, within the transaction's deadline (TxTimeout),
+// and returns the Result of a batch that committed, as if ctx had not
+// been canceled.
+//
 // Errors: a *FencedError (errors.Is ErrFenced) when the compare-and-set on
 // (epoch, offset) fails; otherwise the transaction's error, wrapped; use
 // [Classify] to decide what to do. On any error nothing is committed —
-// unless COMMIT itself failed with an unknown outcome: a retry of the same
-// batch is then fenced with [FencedError.Committed] true if it had in fact
-// committed. The cache is only updated after a successful COMMIT. Write
-// does not modify b.
+// unless COMMIT itself failed with an unknown outcome (the connection
+// lost, TxTimeout reached): a retry of the same batch is then fenced with
+// [FencedError.Committed] true if it had in fact committed. The cache is
+// only updated after a successful COMMIT. Write does not modify b.
 func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	var res Result
 	if b.Epoch < 1 {
@@ -611,7 +617,19 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 	if err != nil {
 		return outcome{}, err
 	}
-	cctx, span := w.tracer.Start(ctx, "sink.commit")
+	// ctx canceled rolls the transaction back up to here, and no further:
+	// a COMMIT sent is waited for to its answer, within the transaction's
+	// deadline. Cancelling it could not take it back (the server commits
+	// what it has received) but only lose its answer, and with it a
+	// committed batch's result: an aborted member would count nothing of a
+	// batch it committed (processor.Consumer.Abort), and no one else would.
+	if err := ctx.Err(); err != nil {
+		return outcome{}, &commitError{err}
+	}
+	deadline, _ := ctx.Deadline()
+	cctx, cancelCommit := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancelCommit()
+	cctx, span = w.tracer.Start(cctx, "sink.commit")
 	err = tx.Commit(cctx)
 	endSpan(span, err)
 	if err != nil {
