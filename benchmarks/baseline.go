@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/members"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/members"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 )

@@ -23,8 +23,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/members"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/members"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/wire"

@@ -7,7 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/registry"
 )

@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 )
 
 // samples builds a run: prefill rows, then per second the (event, handler)

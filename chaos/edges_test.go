@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 )
 
 func TestScheduleEdgeFaults(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 )
 
 // schema is where the members keep their tables in the chaos cluster; it

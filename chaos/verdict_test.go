@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 )
 
 // A small run: events a (partition 0) and b (partition 1, redelivered on

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 )
 
 func testWorkload(t *testing.T, seed uint64) *workload {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/config"
 )
 
 // pages returns the Markdown files the checks read, relative to the

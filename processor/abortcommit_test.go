@@ -7,7 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/dedup"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )

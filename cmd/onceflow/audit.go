@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/api"
+	"github.com/onceflow/onceflow/internal/api"
 )
 
 func newAuditCmd() *cobra.Command {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/api"
-	"github.com/onceflow/onceflow/demo"
+	"github.com/onceflow/onceflow/internal/api"
+	"github.com/onceflow/onceflow/internal/demo"
 	"github.com/onceflow/onceflow/metrics"
 )
 

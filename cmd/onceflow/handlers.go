@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/orders"
 	pgmigrate "github.com/onceflow/onceflow/migrate"
-	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/sink"
 )
 

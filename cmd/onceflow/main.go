@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/config"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/outbox"
 	schemaregistry "github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"

@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
-	"github.com/onceflow/onceflow/demo"
+	"github.com/onceflow/onceflow/internal/demo"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/config"
 )
 
 // newPool returns a pool on postgres.dsn without connecting: connections

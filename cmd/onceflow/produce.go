@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/config"
 	"github.com/onceflow/onceflow/wire"
 )
 

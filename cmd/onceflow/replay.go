@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/replay"
+	"github.com/onceflow/onceflow/internal/config"
+	"github.com/onceflow/onceflow/internal/replay"
 )
 
 // dedupHorizon is how long processed_events rows are kept at least

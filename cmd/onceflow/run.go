@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/api"
+	"github.com/onceflow/onceflow/internal/api"
 	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/pipeline"
 )

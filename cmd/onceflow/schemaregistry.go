@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/config"
 	"github.com/onceflow/onceflow/processor"
 	schemaregistry "github.com/onceflow/onceflow/registry"
 )

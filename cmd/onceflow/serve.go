@@ -13,10 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/api"
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/api"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/metrics"
-	"github.com/onceflow/onceflow/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/api/apitest"
-	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/api/apitest"
+	"github.com/onceflow/onceflow/internal/config"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 

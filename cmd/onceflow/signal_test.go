@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 

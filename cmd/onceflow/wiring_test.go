@@ -3,8 +3,8 @@ package main
 import (
 	"testing"
 
-	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/config"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sink"
 )

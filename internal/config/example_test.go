@@ -3,7 +3,7 @@ package config_test
 import (
 	"fmt"
 
-	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/config"
 )
 
 // The kgo options for a SASL_SSL cluster come from kafka.tls and

@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
 )

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/api"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/api"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )

@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
 )
@@ -83,7 +83,7 @@ func NewSeed(cfg SeedConfig) (*Seed, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Seed{cfg: cfg, tracer: tp.Tracer("github.com/onceflow/onceflow/api"), log: log}, nil
+	return &Seed{cfg: cfg, tracer: tp.Tracer("github.com/onceflow/onceflow/internal/api"), log: log}, nil
 }
 
 // Register adds the seed's routes to mux. Every answer is JSON, an error

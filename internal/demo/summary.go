@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/members"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/members"
+	"github.com/onceflow/onceflow/internal/orders"
 )
 
 // Summary is the demo's result. Counts marked (pairs) are

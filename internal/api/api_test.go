@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/onceflow/onceflow/api"
-	"github.com/onceflow/onceflow/api/apitest"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/api"
+	"github.com/onceflow/onceflow/internal/api/apitest"
+	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"

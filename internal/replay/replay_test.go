@@ -17,10 +17,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceflow/onceflow/dedup"
-	"github.com/onceflow/onceflow/members"
-	"github.com/onceflow/onceflow/orders"
+	"github.com/onceflow/onceflow/internal/members"
+	"github.com/onceflow/onceflow/internal/orders"
+	"github.com/onceflow/onceflow/internal/replay"
 	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/replay"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
 	"github.com/onceflow/onceflow/wire"

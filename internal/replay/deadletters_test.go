@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/orders"
-	"github.com/onceflow/onceflow/replay"
+	"github.com/onceflow/onceflow/internal/orders"
+	"github.com/onceflow/onceflow/internal/replay"
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
 	"github.com/onceflow/onceflow/wire"
