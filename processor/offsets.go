@@ -1,9 +1,15 @@
+// Offsets: where a partition starts (the log's bounds, the offset stored in
+// Postgres) and the Kafka commits of the marked offsets, with their
+// refusals.
+
 package processor
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"sync"
 	"time"
 
@@ -223,4 +229,15 @@ func (c *Consumer) commitMarked(ctx context.Context, cl *kgo.Client) error {
 		rerr = c.commitDone(cl, req, resp, err)
 	})
 	return rerr
+}
+
+// commit synchronously commits the marked offsets, in a span of its own.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, why string) error {
+	ctx, span := c.tracer.Start(ctx, "kafka.commit_offsets", trace.WithAttributes(attribute.String("onceflow.reason", why)))
+	defer span.End()
+	err := c.commitMarked(ctx, cl)
+	if err != nil {
+		span.RecordError(err)
+	}
+	return err
 }

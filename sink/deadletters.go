@@ -1,3 +1,7 @@
+// Dead letters: the rows a batch's transaction inserts (insertDeadLetters),
+// their log lines, and the lease and marking of the rows the processor
+// publishes to the dead-letter topic.
+
 package sink
 
 import (
@@ -73,4 +77,83 @@ FROM unnest($1::bigint[], $2::text[]) AS n(id, note) WHERE d.id = n.id`, ids, no
 		return fmt.Errorf("mark dead letters published: %w", err)
 	}
 	return nil
+}
+
+// logDeadLetters logs each dead letter a committed batch recorded: a
+// record read again whose dead letter was recorded before is not logged
+// again (nor counted, see Result.DeadLetters).
+func (w *Writer) logDeadLetters(recorded []DeadLetter) {
+	for _, d := range recorded {
+		id := ""
+		if d.EventID.Valid {
+			id = d.EventID.UUID.String()
+		}
+		w.log.Warn("dead letter recorded", "topic", d.Topic, "partition", d.Partition, "offset", d.Offset,
+			"event_id", id, "reason", d.Reason)
+	}
+}
+
+// deadLetter is the dead letter of event i, which failed with err; it is
+// logged.
+func (w *Writer) deadLetter(b *Batch, i int, err error) DeadLetter {
+	dl := newDeadLetter(b, i, err)
+	w.logDeadLetter(dl)
+	return dl
+}
+
+// newDeadLetter is the dead letter of event i of b, which failed with err.
+func newDeadLetter(b *Batch, i int, err error) DeadLetter {
+	e := b.Events[i]
+	return sanitizeDeadLetter(DeadLetter{
+		Topic: e.Topic, Partition: e.Partition, Offset: e.Offset,
+		EventID: uuid.NullUUID{UUID: e.ID, Valid: true},
+		Reason:  reason(err), Key: e.Key, Value: e.Value,
+	})
+}
+
+// logDeadLetter logs, at debug, an event found to be a culprit: it is a
+// dead letter only if its transaction commits, and it is logged at warn
+// once its row is recorded (logDeadLetters, after COMMIT).
+func (w *Writer) logDeadLetter(dl DeadLetter) {
+	w.log.Debug("the event cannot be applied: a dead letter if the batch commits", "topic", dl.Topic, "partition", dl.Partition,
+		"offset", dl.Offset, "event_id", dl.EventID.UUID.String(), "reason", dl.Reason)
+}
+
+// insertDeadLetters inserts dls, each sanitized (sanitizeDeadLetter),
+// records of the topic whose Kafka id is topicID (not Valid: unknown), in
+// tx, and returns those it inserted, sanitized. A record is named by its
+// group, topic, partition, offset and topic id, NULL being an id of its
+// own: a dead letter already there for the same record is not inserted
+// again, and a row of another topic id (the topic deleted and recreated
+// since) stands for another record.
+func (w *Writer) insertDeadLetters(ctx context.Context, tx pgx.Tx, topicID uuid.NullUUID, dls []DeadLetter) ([]DeadLetter, error) {
+	if len(dls) == 0 {
+		return nil, nil
+	}
+	n := len(dls)
+	topics, reasons := make([]string, n), make([]string, n)
+	parts, offsets := make([]int32, n), make([]int64, n)
+	ids := make([]pgtype.UUID, n) // binary encoding; uuid.NullUUID would be text
+	keys, values := make([][]byte, n), make([][]byte, n)
+	for i, d := range dls {
+		d = sanitizeDeadLetter(d)
+		topics[i], parts[i], offsets[i] = d.Topic, d.Partition, d.Offset
+		ids[i] = pgtype.UUID{Bytes: d.EventID.UUID, Valid: d.EventID.Valid}
+		reasons[i], keys[i], values[i] = d.Reason, d.Key, d.Value
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO `+w.dead+`
+(consumer_group, topic_id, topic, partition, "offset", event_id, reason, record_key, record_value)
+SELECT $1, $9::uuid, d.* FROM unnest($2::text[], $3::int[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[])
+  AS d(topic, partition, "offset", event_id, reason, record_key, record_value)
+ON CONFLICT (consumer_group, topic, partition, "offset", topic_id) DO NOTHING
+RETURNING topic, partition, "offset"`,
+		w.cfg.Group, topics, parts, offsets, ids, reasons, keys, values, topicID)
+	if err != nil {
+		return nil, fmt.Errorf("insert dead letters: %w", err)
+	}
+	recorded, err := insertedDeadLetters(rows, dls)
+	if err != nil {
+		return nil, fmt.Errorf("insert dead letters: %w", err)
+	}
+	return recorded, nil
 }

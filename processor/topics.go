@@ -1,0 +1,219 @@
+// Watching the brokers and the consumed topics: readiness (watchBrokers),
+// topics missing or refused (checkTopics), topic ids (topicID), and a topic
+// deleted and recreated under the same name (readd).
+
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// readdEvery is how often, at most, one topic is purged from the client
+// and added again (readd): each time costs the group a rebalance, and the
+// fetches in flight as it happens may still fail with the old id.
+const readdEvery = 10 * time.Second
+
+// readd purges from the client, and adds again, each consumed topic of
+// gone: topics whose fetches fail with UNKNOWN_TOPIC_ID, which the brokers
+// answer once the topic the client knows (by its Kafka topic id) is
+// deleted — recreated under the same name or not yet. franz-go keeps a
+// topic's first id for the client's life and fails every fetch of a new
+// one until the topic is purged and added again; then it learns the
+// topic as new, by its name: a recreated topic is assigned again, and a
+// topic not yet recreated is waited for, as one not created yet is.
+//
+// First the topic's workers stop, as on a revoke: the batch each is
+// writing finishes (or is given up after DrainTimeout) under the old id
+// and the old lease — records of the old topic, harmless — and the
+// records queued behind it, which no member can read any more, are
+// dropped. readd commits no Kafka offset (a revoke would): an offset of
+// the old topic committed by name could land on the new one; franz-go
+// drops the old topic's marks once it has seen it recreated, and the
+// brokers refuse them for a deleted one. Whatever Kafka holds, the offset
+// stored in Postgres, with its topic id, decides: when the group assigns
+// the topic's partitions again, adjust takes each with a new lease, and
+// an offset stored under the old topic id starts the partition from its
+// log start, as any recreated topic's does; a partition with no stored
+// offset (one the old topic did not have) starts from the log start too,
+// unless the group has an offset committed for it in Kafka. Each topic is re-added at most once per
+// readdEvery. Called by the poll loop, before it allows a rebalance, so
+// stopping workers cannot race a revoke.
+func (c *Consumer) readd(cl *kgo.Client, gone []string, readdedAt map[string]time.Time) {
+	now := time.Now()
+	var topics []string
+	for _, topic := range gone {
+		if !slices.Contains(c.cfg.Topics, topic) || now.Sub(readdedAt[topic]) < readdEvery {
+			continue
+		}
+		readdedAt[topic] = now
+		topics = append(topics, topic)
+	}
+	if len(topics) == 0 {
+		return
+	}
+	stop := map[string][]int32{}
+	c.mu.Lock()
+	for k := range c.parts {
+		if slices.Contains(topics, k.topic) {
+			stop[k.topic] = append(stop[k.topic], k.partition)
+		}
+	}
+	for _, topic := range topics {
+		delete(c.topicIDs, topic)
+	}
+	c.mu.Unlock()
+	for _, topic := range topics {
+		c.log.Warn("consumed topic deleted, perhaps recreated under the same name (its topic id is unknown to the brokers): "+
+			"its partitions' workers stop, and the topic is consumed again as new, a recreated topic from its start",
+			"topic", topic, "partitions", stop[topic])
+	}
+	c.stats.revoked.Add(int64(c.stop(stop, c.aborting.Load())))
+	cl.PurgeTopicsFromClient(topics...)
+	cl.AddConsumeTopics(topics...)
+}
+
+// topicID returns topic's Kafka topic id, remembering it for the workers
+// (they store it with each batch's offset); not Valid when the brokers do
+// not answer within a few attempts (a topic just recreated can be unknown
+// to some for a moment) or have no topic ids.
+func (c *Consumer) topicID(ctx context.Context, topic string) uuid.NullUUID {
+	var id uuid.NullUUID
+	var err error
+attempts:
+	for attempt := 1; ; attempt++ {
+		id, err = c.readTopicID(ctx, topic)
+		if id.Valid || errors.Is(err, errNoTopicIDs) || attempt == 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			break attempts
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
+	if !id.Valid {
+		c.log.Warn("read the topic's id; a topic recreated under the same name is only detected by its offsets", "topic", topic, "err", err)
+	}
+	c.mu.Lock()
+	c.topicIDs[topic] = id
+	c.mu.Unlock()
+	return id
+}
+
+// errNoTopicIDs: the brokers answer with no topic ids (Kafka before 2.8).
+var errNoTopicIDs = errors.New("the brokers have no topic ids")
+
+// readTopicID asks the brokers for topic's Kafka topic id, once.
+func (c *Consumer) readTopicID(ctx context.Context, topic string) (uuid.NullUUID, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	details, err := kadm.NewClient(c.cl).ListTopics(tctx, topic)
+	if err != nil {
+		return uuid.NullUUID{}, err
+	}
+	d, ok := details[topic]
+	switch {
+	case !ok:
+		return uuid.NullUUID{}, errors.New("not in the brokers' metadata")
+	case d.Err != nil:
+		return uuid.NullUUID{}, d.Err
+	case d.ID == (kadm.TopicID{}):
+		return uuid.NullUUID{}, errNoTopicIDs
+	}
+	return uuid.NullUUID{UUID: uuid.UUID(d.ID), Valid: true}, nil
+}
+
+// watchBrokers asks the brokers every few seconds whether they answer and
+// publishes the answer through Ready, logging each change; when they
+// answer, it checks the consumed topics too (checkTopics).
+func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
+	const every = 3 * time.Second
+	var last error = ErrNotStarted
+	topics := map[string]string{}
+	for {
+		pctx, cancel := context.WithTimeout(ctx, every)
+		err := cl.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			err = fmt.Errorf("kafka brokers %v do not answer: %w", c.cfg.Brokers, err)
+		}
+		c.ready.Store(&err)
+		switch {
+		case err != nil && (last == nil || errors.Is(last, ErrNotStarted)):
+			c.log.Warn("waiting for the kafka brokers", "brokers", c.cfg.Brokers, "err", err)
+		case err == nil && last != nil:
+			c.log.Info("kafka brokers answer", "brokers", c.cfg.Brokers)
+		}
+		last = err
+		if err == nil {
+			c.checkTopics(ctx, cl, topics)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+// checkTopics asks the brokers about the consumed topics and logs each
+// change of what they say, once: a topic they do not have (a typo, or one
+// not created yet — the member consumes it once it exists, and says so),
+// or whose metadata they refuse (an ACL). state holds, per topic, what
+// was said last ("" for a topic that exists).
+//
+// The metadata is asked for as is (cached as kadm would), not through
+// kadm's ListTopics, which fails as a whole when one topic is refused: the
+// refused topic, and any missing one beside it, would never be said.
+func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]string) {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, topic := range c.cfg.Topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(topic)
+		req.Topics = append(req.Topics, rt)
+	}
+	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	resp, err := cl.RequestCachedMetadata(tctx, req, 0)
+	cancel()
+	if err != nil {
+		return // asked again next time
+	}
+	errs := make(map[string]error, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if t.Topic != nil {
+			errs[*t.Topic] = kerr.ErrorForCode(t.ErrorCode)
+		}
+	}
+	for _, topic := range c.cfg.Topics {
+		now := ""
+		if terr, ok := errs[topic]; !ok || errors.Is(terr, kerr.UnknownTopicOrPartition) {
+			now = "missing"
+		} else if terr != nil {
+			now = terr.Error()
+		}
+		was, seen := state[topic]
+		state[topic] = now
+		switch {
+		case now == was:
+		case now == "missing":
+			c.log.Warn("consumed topic does not exist; the member waits for it to be created", "topic", topic, "brokers", c.cfg.Brokers)
+		case now != "":
+			c.log.Warn("the brokers refuse the consumed topic's metadata", "topic", topic, "err", now)
+		case seen:
+			c.log.Info("consumed topic exists now", "topic", topic)
+		}
+	}
+}
