@@ -251,7 +251,7 @@ func DecodeContext(ctx context.Context, r *kgo.Record, cfg DecodeConfig) (sink.E
 			return fail(id, "value contains a NUL byte")
 		case !json.Valid(value):
 			return fail(id, "value is not valid JSON")
-		case bytes.Contains(value, []byte(`\u0000`)):
+		case wire.HasNULEscape(value):
 			return fail(id, `value contains \u0000, which Postgres cannot store`)
 		}
 	default:

@@ -53,6 +53,8 @@ func TestDecode(t *testing.T) {
 		{"empty", rec(``, "event_id", testID), DecodeConfig{}, "value is empty", ""},
 		{"nul byte", rec("{\"a\":\"\x00\"}", "event_id", testID), DecodeConfig{}, "NUL byte", ""},
 		{"nul escape", rec(`{"a":"\u0000"}`, "event_id", testID), DecodeConfig{}, `\u0000`, ""},
+		{"escaped backslash before u0000", rec(`{"memo":"C:\\u0000dir"}`, "event_id", testID), DecodeConfig{}, "", ""},
+		{"escaped backslash before the escape", rec(`{"memo":"C:\\\u0000dir"}`, "event_id", testID), DecodeConfig{}, `\u0000`, ""},
 		{"too large", rec(`{"a":"`+strings.Repeat("x", 100)+`"}`, "event_id", testID), DecodeConfig{MaxBytes: 64}, "over the 64-byte limit", ""},
 		{"field missing", rec(order), DecodeConfig{IDField: "id"}, `no "id" field`, ""},
 		{"field not string", rec(`{"id":7}`), DecodeConfig{IDField: "id"}, `field "id" is not a string`, ""},

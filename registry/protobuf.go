@@ -8,6 +8,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/onceflow/onceflow/wire"
 )
 
 // decodeProtobuf reads body as the message index names and returns it in
@@ -48,7 +50,7 @@ func (s *schema) slowProtobuf(md protoreflect.MessageDescriptor, body []byte) ([
 		return nil, s.dataError("%s written as JSON is not valid JSON: %v", md.FullName(), err)
 	}
 	out = compact.Bytes()
-	if bytes.Contains(out, []byte(`\u0000`)) {
+	if wire.HasNULEscape(out) {
 		return nil, s.dataError(`%s holds a NUL character (\u0000), which Postgres cannot store`, md.FullName())
 	}
 	return out, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/wire"
 )
 
 // callTimeout bounds the Postgres work of a request that no outbox.Store
@@ -103,7 +104,7 @@ func checkBody(body []byte) error {
 		return fmt.Errorf("body contains a NUL byte (at byte %d), which Postgres cannot store", bytes.IndexByte(body, 0))
 	case !utf8.Valid(body):
 		return fmt.Errorf("body is not valid UTF-8 (from byte %d)", invalidUTF8At(body))
-	case bytes.Contains(body, []byte(`\u0000`)):
+	case wire.HasNULEscape(body):
 		return errors.New(`body contains \u0000, which Postgres cannot store`)
 	}
 	return nil

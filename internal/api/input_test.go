@@ -90,6 +90,7 @@ ADD CONSTRAINT orders_user_id_below_1e9 CHECK (user_id < 1000000000)`); err != n
 		{"raw NUL byte", "POST", "/events-outbox/kafka", json, key(2), "{\"user_id\":1,\"items\":[\"A\x00B\"]}", 400, "NUL"},
 		// What else a body can hold that Postgres refuses.
 		{"\\u0000 in another field", "POST", "/events-outbox/kafka", json, key(3), `{"user_id":1,"items":["A"],"note":"\u0000"}`, 400, `\u0000`},
+		{"an escaped backslash before u0000 is text", "POST", "/events-outbox/kafka", json, key(40), `{"user_id":1,"items":["C:\\u0000dir"]}`, 200, ""},
 		{"invalid UTF-8", "POST", "/events-outbox/kafka", json, key(4), "{\"user_id\":1,\"items\":[\"A\xff\xfeB\"]}", 400, "UTF-8"},
 		{"number beyond numeric", "POST", "/events-outbox/kafka", json, key(5), `{"user_id":1,"items":["A"],"n":1e999999}`, 400, "SQLSTATE 22003"},
 		{"a table's constraint", "POST", "/events-outbox/kafka", json, key(6), `{"user_id":2000000000,"items":["A"]}`, 422, "orders_user_id_below_1e9"},
@@ -139,9 +140,9 @@ ADD CONSTRAINT orders_user_id_below_1e9 CHECK (user_id < 1000000000)`); err != n
 			}
 		})
 	}
-	// Only the stored order and the two accepted ones were written.
-	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.outbox`); n != 3 {
-		t.Errorf("outbox has %d rows, want 3 (no refused request writes one)", n)
+	// Only the stored order and the three accepted ones were written.
+	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.outbox`); n != 4 {
+		t.Errorf("outbox has %d rows, want 4 (no refused request writes one)", n)
 	}
 	if len(s.pub.recs) != 0 {
 		t.Errorf("published %d replays, want none", len(s.pub.recs))
