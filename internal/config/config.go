@@ -274,6 +274,11 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		// configured no handler at all.
 		cfg.Handlers = nil
 	}
+	if err == nil && cfg.Postgres.IdleTimeout > cfg.Postgres.TxTimeout && !explicit(v, flags, binds, "postgres.idle_in_transaction_timeout") {
+		// The default idle bound (5s) yields to a shorter tx_timeout: a
+		// user who shortens one key is not refused on another.
+		cfg.Postgres.IdleTimeout = cfg.Postgres.TxTimeout
+	}
 	if err != nil {
 		problems = append(problems, unmarshalProblems(err, file)...)
 	} else {

@@ -305,10 +305,10 @@ func TestRedactDSN(t *testing.T) {
 
 // The documented example loads as it is, and names every key.
 func TestExampleConfigLoads(t *testing.T) {
-	if _, err := Load("../config.example.yaml", nil, nil, handlers); err != nil {
+	if _, err := Load("../../config.example.yaml", nil, nil, handlers); err != nil {
 		t.Fatalf("config.example.yaml: %v", err)
 	}
-	body, err := os.ReadFile("../config.example.yaml")
+	body, err := os.ReadFile("../../config.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,5 +333,21 @@ sql_handlers:
 	_, err := Load(file, nil, nil, handlers)
 	if want := `kafka.topics: no handler consumes "refunds"`; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("error = %v, want it to mention %q", err, want)
+	}
+}
+
+// A tx_timeout below the idle bound's default lowers the idle bound with
+// it; an idle bound set above tx_timeout is still refused, naming it.
+func TestShortTxTimeoutLowersTheIdleDefault(t *testing.T) {
+	cfg, err := Load(writeFile(t, "postgres:\n  tx_timeout: 300ms\n"), nil, nil, handlers)
+	if err != nil {
+		t.Fatalf("tx_timeout 300ms alone: %v", err)
+	}
+	if cfg.Postgres.IdleTimeout != 300*time.Millisecond {
+		t.Errorf("postgres.idle_in_transaction_timeout = %v, want 300ms (tx_timeout's)", cfg.Postgres.IdleTimeout)
+	}
+	_, err = Load(writeFile(t, "postgres:\n  tx_timeout: 300ms\n  idle_in_transaction_timeout: 1s\n"), nil, nil, handlers)
+	if err == nil || !strings.Contains(err.Error(), "postgres.idle_in_transaction_timeout") {
+		t.Errorf("idle 1s above tx_timeout 300ms: err = %v, want it named", err)
 	}
 }

@@ -242,14 +242,14 @@ func TestRedactDSNParameters(t *testing.T) {
 // config.example.yaml documents every key of this file with its default,
 // and loads.
 func TestExampleDocumentsSecurityKeys(t *testing.T) {
-	cfg, err := Load("../config.example.yaml", nil, nil, handlers)
+	cfg, err := Load("../../config.example.yaml", nil, nil, handlers)
 	if err != nil {
 		t.Fatalf("config.example.yaml: %v", err)
 	}
 	if cfg.Kafka.TLS != (KafkaTLS{}) || cfg.Kafka.SASL != (KafkaSASL{}) || cfg.Postgres.DSNFile != "" {
 		t.Errorf("config.example.yaml: security keys differ from their defaults: %+v %+v", cfg.Kafka.TLS, cfg.Kafka.SASL)
 	}
-	example, err := os.ReadFile("../config.example.yaml")
+	example, err := os.ReadFile("../../config.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
