@@ -194,7 +194,7 @@ func (is *isolation) group(ctx context.Context, evs []int) (err, fatal error) {
 		return nil, nil
 	}
 	if _, rerr := is.tx.Exec(ctx, `ROLLBACK TO SAVEPOINT `+savepoint); rerr != nil {
-		return nil, fmt.Errorf("isolate: %w (after %w)", rerr, err)
+		return nil, rollbackFailed(rerr, err)
 	}
 	return err, nil
 }
@@ -210,4 +210,12 @@ func (is *isolation) culprit(e int, err error) {
 func (is *isolation) dense() bool {
 	settled, culprits := is.settled+is.seed, len(is.culprits)+is.seed
 	return settled >= denseAfter && 2*culprits >= settled
+}
+
+// rollbackFailed is the error of an isolation whose ROLLBACK TO SAVEPOINT
+// failed with rerr after a group failed with err: the transaction is lost,
+// and its class is rerr's (a timeout, a connection lost: transient), not
+// the group's data error, which is kept as text only.
+func rollbackFailed(rerr, err error) error {
+	return fmt.Errorf("isolate: %w (after %v)", rerr, err)
 }
