@@ -17,7 +17,7 @@ demo: up-postgres ## run the demo on the embedded Kafka and the local Postgres
 	$(GO) run ./cmd/onceflow demo $(ARGS)
 
 test: up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry ## the whole suite, race detector on: real Postgres (also over TLS), kfake and real Kafka (also over SASL_SSL), real Jaeger, srfake and a real schema registry, promtool on the alert rules
-	ONCEFLOW_PROMTOOL=$$(infra/promtool.sh build) && export ONCEFLOW_PROMTOOL && \
+	ONCEFLOW_TEST_PROMTOOL=$$(infra/promtool.sh build) && export ONCEFLOW_TEST_PROMTOOL && \
 	ONCEFLOW_TEST_KAFKA_BROKERS=$$(infra/kafka.sh brokers) ONCEFLOW_TEST_SCHEMA_REGISTRY=$$(infra/schema-registry.sh url) \
 	ONCEFLOW_TEST_KAFKA_SECURE=$$(infra/kafka-secure.sh client) ONCEFLOW_TEST_POSTGRES_TLS_DSN="$$(infra/postgres-tls.sh dsn)" \
 	ONCEFLOW_TEST_JAEGER_QUERY=http://127.0.0.1:16686 ONCEFLOW_TEST_JAEGER_OTLP=http://127.0.0.1:4318 \

@@ -16,7 +16,7 @@ import (
 // EnvPromtool names the environment variable with the path of a promtool
 // binary (infra/promtool.sh build prints one). Without it the promtool
 // checks skip, unless CI is set: then they fail.
-const EnvPromtool = "ONCEFLOW_PROMTOOL"
+const EnvPromtool = "ONCEFLOW_TEST_PROMTOOL"
 
 func promtool(t *testing.T) string {
 	t.Helper()

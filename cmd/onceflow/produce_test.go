@@ -173,8 +173,17 @@ func TestProducePrintsWhileInputIsOpen(t *testing.T) {
 	root.SetArgs([]string{"produce", "--brokers", strings.Join(c.ListenAddrs(), ","), "--topic", "stream"})
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(t.Context()) }()
-	if _, err := io.WriteString(pw, `{"n":1}`+"\n"); err != nil {
-		t.Fatal(err)
+	// The write blocks until produce reads: a produce that failed before
+	// reading ends the test instead of hanging it.
+	wrote := make(chan error, 1)
+	go func() { _, err := io.WriteString(pw, `{"n":1}`+"\n"); wrote <- err }()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-done:
+		t.Fatalf("produce ended before reading its input: %v", err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for out.String() != "stream/0@0\n" && time.Now().Before(deadline) {
