@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -72,19 +71,8 @@ sql_handlers:
 					}
 				}
 
-				cmd := exec.Command(bin, "run", "--config", config)
-				var stderr bytes.Buffer
-				cmd.Stderr = &stderr
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				exited := make(chan error, 1)
-				go func() { exited <- cmd.Wait() }()
-				t.Cleanup(func() {
-					_ = cmd.Process.Kill()
-					<-exited
-				})
-				waitApplied(t, pool, schema, topic, 3, exited, &stderr)
+				cmd, stderr, exited := startRun(t, bin, "run", "--config", config)
+				waitApplied(t, pool, schema, topic, 3, exited, stderr)
 				// The copy is published, or not, from the table after the
 				// batch: give the relay its round (a produce is bounded
 				// by produce_timeout, 2s) before reading the log.

@@ -124,19 +124,8 @@ sql_handlers:
 				t.Fatal(err)
 			}
 
-			cmd := exec.Command(bin, "run", "--config", config)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				<-exited
-			})
-			waitApplied(t, pool, schema, topic, len(recs), exited, &stderr)
+			cmd, stderr, exited := startRun(t, bin, "run", "--config", config)
+			waitApplied(t, pool, schema, topic, len(recs), exited, stderr)
 			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}

@@ -155,24 +155,13 @@ sql_handlers:
 			}
 			produce(again) // the same event again, as a producer's retry sends it
 
-			cmd := exec.Command(bin, "run", "--config", config)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				<-exited
-			})
-			waitApplied(t, pool, schema, topic, 7, exited, &stderr)
+			cmd, stderr, exited := startRun(t, bin, "run", "--config", config)
+			waitApplied(t, pool, schema, topic, 7, exited, stderr)
 			for i := 6; i < n; i++ {
 				produce(i)
 			}
 			produce(again) // and once more, after it was applied
-			waitApplied(t, pool, schema, topic, produced, exited, &stderr)
+			waitApplied(t, pool, schema, topic, produced, exited, stderr)
 			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
@@ -257,6 +246,27 @@ func sumAmounts(n, bad int) int64 {
 
 // waitApplied waits until the offsets stored for topic add up to records,
 // failing if run exits first or it takes over 60s.
+// startRun starts the built binary bin with args (an `onceflow run`) and
+// kills it at cleanup. It returns the process, its standard error, and
+// exited, which receives Wait's result once: a test that reads it sends
+// it back, for the cleanup.
+func startRun(t *testing.T, bin string, args ...string) (*exec.Cmd, *bytes.Buffer, chan error) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return cmd, stderr, exited
+}
+
 func waitApplied(t *testing.T, pool *pgxpool.Pool, schema, topic string, records int, exited chan error, stderr *bytes.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
