@@ -166,7 +166,12 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	bin, err := buildBinary(ctx, o.out, o.bin)
+	binDir, err := os.MkdirTemp("", "onceflow-backlog-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(binDir)
+	bin, err := buildBinary(ctx, binDir, o.bin)
 	if err != nil {
 		return err
 	}

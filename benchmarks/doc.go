@@ -113,7 +113,8 @@
 // Output, in -out: results.json (every sample), results.md (the run, the
 // rate-by-size table, the raw copy, the Postgres settings the figures
 // depend on: shared_buffers, effective_cache_size...), rate-by-size.png,
-// rss.png, member.log and the binary. A 50 M pre-fill needs about 15 GB
+// rss.png and member.log (the binary is built in a temporary
+// directory and removed). A 50 M pre-fill needs about 15 GB
 // of disk for processed_events and emails_sent with their indexes, plus
 // WAL, and the harness
 // holds the generated backlog's events in memory (about 1 GB at 5 M
