@@ -165,8 +165,8 @@ type RetentionStatus struct {
 	// slices, so the two clocks need not agree). Past due means a step
 	// could not rotate or drop: held, busy or failing.
 	RotationDue, DropDue time.Time
-	// Held is Hold's reason when the last step that was due to drop was
-	// kept from it; "" otherwise.
+	// Held is Hold's reason when the last step that succeeded was kept
+	// from dropping slices due; "" otherwise.
 	Held string
 	// Busy is how many steps in a row could not take their locks
 	// (another maintainer, or a long transaction on processed_events).
