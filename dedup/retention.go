@@ -147,6 +147,34 @@ type Retention struct {
 	// the claims it relies on must outlive its catch-up, however long.
 	Hold   func(ctx context.Context) (reason string, err error)
 	Logger *slog.Logger // nil discards
+	// OnStep, if set, is called by Run after each step with what it
+	// knows of the slices (metrics export it). It is called from Run's
+	// goroutine, one call at a time, and must not block.
+	OnStep func(RetentionStatus)
+}
+
+// RetentionStatus is Run's view of one schema's slices after a step: what
+// an operator needs to see that slices are dropped and rotated on time.
+type RetentionStatus struct {
+	Schema string
+	// Slices is how many slices live, as the last step that read them saw.
+	Slices int
+	// RotationDue is when the current slice is due to be replaced, and
+	// DropDue when the oldest is due to be dropped (zero while one slice
+	// lives), both on the local clock (Postgres' clock is read with the
+	// slices, so the two clocks need not agree). Past due means a step
+	// could not rotate or drop: held, busy or failing.
+	RotationDue, DropDue time.Time
+	// Held is Hold's reason when the last step that succeeded was kept
+	// from dropping slices due; "" otherwise.
+	Held string
+	// Busy is how many steps in a row could not take their locks
+	// (another maintainer, or a long transaction on processed_events).
+	Busy int
+	// Err is the last step's error, nil when it succeeded. A failed step
+	// that could not read the slices leaves the other fields as the last
+	// step that did saw them.
+	Err error
 }
 
 // Defaults of Retention.
@@ -220,6 +248,11 @@ type StepResult struct {
 	Busy bool
 	// Held is Hold's reason when it kept slices due for dropping.
 	Held string
+	// Slices is how many slices live after the step; RotationDue and
+	// DropDue are as in RetentionStatus. Zero when the step failed before
+	// it read the slices.
+	Slices               int
+	RotationDue, DropDue time.Time
 }
 
 // Run steps every Interval until ctx ends, logging what each step did and
@@ -239,8 +272,24 @@ func (r Retention) Run(ctx context.Context) error {
 	var since, nextError, nextBusy time.Time
 	var busy int
 	var held string
+	status := RetentionStatus{Schema: r.Schema}
 	for {
 		res, err := r.Step(ctx)
+		if r.OnStep != nil && ctx.Err() == nil {
+			if res.Slices > 0 {
+				status.Slices, status.RotationDue, status.DropDue = res.Slices, res.RotationDue, res.DropDue
+			}
+			if err == nil {
+				status.Held = res.Held
+				if res.Busy {
+					status.Busy++
+				} else {
+					status.Busy = 0
+				}
+			}
+			status.Err = err
+			r.OnStep(status)
+		}
 		if err == nil {
 			if res.Held != held {
 				if res.Held != "" {
@@ -288,21 +337,48 @@ type slicesState struct {
 	ids    []int32
 	starts []time.Time
 	now    time.Time // the server's clock
+	local  time.Time // the local clock, once the read returned
+}
+
+// due fills res's Slices, RotationDue and DropDue from st, less the
+// first dropped slices (dropped by the step after st was read).
+func (r Retention) due(st slicesState, dropped int, res *StepResult) {
+	if len(st.ids) == 0 || dropped >= len(st.ids) {
+		return
+	}
+	starts := st.starts[dropped:]
+	local := func(server time.Time) time.Time { return st.local.Add(server.Sub(st.now)) }
+	res.Slices = len(starts)
+	res.RotationDue = local(starts[len(starts)-1].Add(r.Width()))
+	if len(starts) > 1 {
+		// Slice 0 ends when slice 1 starts, and is dropped Horizon later.
+		res.DropDue = local(starts[1].Add(r.Horizon))
+	}
 }
 
 // Step starts a new slice if the current one is Width old, then drops the
 // slices that ended Horizon ago or more. Each runs in a transaction of its
-// own, under the maintenance lock; see [Retention] for the locks.
+// own, under the maintenance lock; see [Retention] for the locks. The
+// result says when the next rotation and drop are due.
 func (r Retention) Step(ctx context.Context) (StepResult, error) {
 	if err := r.Validate(); err != nil {
 		return StepResult{}, err
 	}
 	r = r.withDefaults()
+	var st slicesState
+	res, err := r.step(ctx, &st)
+	r.due(st, len(res.Dropped), &res)
+	return res, err
+}
+
+// step is Step; *st is the slices as last read.
+func (r Retention) step(ctx context.Context, last *slicesState) (StepResult, error) {
 	t := tablesOf(r.Schema)
 	st, err := r.read(ctx, t)
 	if err != nil {
 		return StepResult{}, err
 	}
+	*last = st
 	res := StepResult{Current: st.ids[len(st.ids)-1]}
 	if st.now.Sub(st.starts[len(st.starts)-1]) >= r.Width() {
 		done, err := r.rotate(ctx, t, res.Current)
@@ -316,8 +392,10 @@ func (r Retention) Step(ctx context.Context) (StepResult, error) {
 		res.Rotated, res.Current = true, res.Current+1
 		r.Logger.Log(ctx, r.sliceLogLevel(), "dedup slice started", "schema", r.Schema, "slice", res.Current, "width", r.Width())
 		if st, err = r.read(ctx, t); err != nil {
+			*last = slicesState{}
 			return res, err
 		}
+		*last = st
 	}
 	// Slice i ends when slice i+1 starts; the current one never ends.
 	for i := 0; i+1 < len(st.ids); i++ {
@@ -363,8 +441,9 @@ func (r Retention) read(ctx context.Context, t tables) (slicesState, error) {
 		return st, fmt.Errorf("dedup retention: read %s: %w", t.slices, err)
 	}
 	if len(st.ids) == 0 || len(st.ids) != len(st.starts) {
-		return st, fmt.Errorf("dedup retention: %s is empty (was it migrated?)", t.slices)
+		return slicesState{}, fmt.Errorf("dedup retention: %s is empty (was it migrated?)", t.slices)
 	}
+	st.local = time.Now()
 	return st, nil
 }
 

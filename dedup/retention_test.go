@@ -531,3 +531,74 @@ func TestConcurrentClaimInSliceOfOldRotate(t *testing.T) {
 		t.Error("the second claim won a key the first committed")
 	}
 }
+
+// A step says when the next rotation and drop are due, on the local
+// clock: past due while a drop is held or a rotation cannot take its
+// locks, in the future once they happened. Run passes the same to OnStep,
+// counting busy steps in a row.
+func TestRetentionStatusSaysWhatIsOverdue(t *testing.T) {
+	e := newRetentionEnv(t)
+	ctx := t.Context()
+	r := e.retention(time.Hour)
+	res, err := r.Step(ctx)
+	if err != nil || res.Slices != 1 || !res.DropDue.IsZero() || !res.RotationDue.After(time.Now()) {
+		t.Fatalf("young slice: %+v, %v; want 1 slice, rotation due in the future, no drop due", res, err)
+	}
+
+	// A rotation kept from its lock is past due: the slice was due to be
+	// replaced an hour ago.
+	e.age(0, 2*time.Hour)
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dedup.LockRetention(ctx, tx, e.schema); err != nil {
+		t.Fatal(err)
+	}
+	res, err = r.Step(ctx)
+	if err != nil || !res.Busy || res.Slices != 1 {
+		t.Fatalf("step under LockRetention = %+v, %v; want busy, 1 slice", res, err)
+	}
+	if late := time.Since(res.RotationDue); late < 59*time.Minute || late > 61*time.Minute {
+		t.Errorf("rotation is %v late, want an hour (the slice is 2h old, its width 1h)", late)
+	}
+	var got []dedup.RetentionStatus
+	run := r
+	rctx, stop := context.WithCancel(ctx)
+	run.OnStep = func(s dedup.RetentionStatus) {
+		got = append(got, s)
+		if len(got) == 2 {
+			stop()
+		}
+	}
+	run.Interval = 10 * time.Millisecond
+	if err := run.Run(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1].Busy != 2 || got[1].Schema != e.schema || got[1].Slices != 1 || time.Since(got[1].RotationDue) < 59*time.Minute {
+		t.Errorf("Run's statuses under LockRetention = %+v; want the second with 2 busy steps and the rotation an hour late", got)
+	}
+	_ = tx.Rollback(ctx)
+
+	// Rotated, with drops held: the old slice is due to be dropped an hour
+	// from its end, the new one to be replaced in an hour.
+	r.Hold = func(context.Context) (string, error) { return "a replay has not caught up", nil }
+	if res, err = r.Step(ctx); err != nil || !res.Rotated || res.Slices != 2 {
+		t.Fatalf("step after the lock = %+v, %v; want a rotation, 2 slices", res, err)
+	}
+	e.age(1, 3*time.Hour)
+	res, err = r.Step(ctx)
+	if err != nil || res.Held == "" || res.Slices != 3 {
+		t.Fatalf("held step = %+v, %v; want held, 3 slices (one more rotation)", res, err)
+	}
+	if late := time.Since(res.DropDue); late < 119*time.Minute || late > 121*time.Minute {
+		t.Errorf("held drop is %v late, want 2h (slice 0 ended 3h ago, the horizon is 1h)", late)
+	}
+	if !res.RotationDue.After(time.Now()) {
+		t.Errorf("rotation due %v after a rotation, want in the future", res.RotationDue)
+	}
+	r.Hold = nil
+	if res, err = r.Step(ctx); err != nil || len(res.Dropped) != 1 || res.Slices != 2 {
+		t.Fatalf("step once released = %+v, %v; want slice 0 dropped, 2 left", res, err)
+	}
+}

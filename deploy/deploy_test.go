@@ -141,7 +141,8 @@ func TestDashboardExpressionsParse(t *testing.T) {
 
 // The dashboard shows what operators look at: throughput, batch latency,
 // lag and time lag per partition, retries, dead letters, skips by layer,
-// conflicts; each panel has a title, a data source and a unique id.
+// conflicts, readiness, pool saturation, what waits to be published, and
+// the dedup retention's state.
 func TestDashboardShowsEachSignal(t *testing.T) {
 	exprs, err := deploy.DashboardExprs()
 	if err != nil {
@@ -159,6 +160,10 @@ func TestDashboardShowsEachSignal(t *testing.T) {
 		"onceflow_partition_retrying", "onceflow_dead_letters_total", "onceflow_dead_letters_published_total",
 		"onceflow_duplicates_skipped_total", "onceflow_duplicates_conflicting_total", "onceflow_batches_fenced_total",
 		"onceflow_ready",
+		"onceflow_postgres_pool_acquired_connections", "onceflow_postgres_pool_max_connections",
+		"onceflow_postgres_pool_empty_acquire_wait_seconds_total", "onceflow_outbox_oldest_pending_age_seconds",
+		"onceflow_dead_letters_oldest_unpublished_age_seconds", "onceflow_dedup_rotation_overdue_seconds",
+		"onceflow_dedup_drop_overdue_seconds", "onceflow_dedup_drop_held", "onceflow_dedup_slices",
 	} {
 		if !used[want] {
 			t.Errorf("no dashboard panel reads %s", want)

@@ -27,6 +27,7 @@ type Metrics struct {
 	caches    []*dedup.Cache
 
 	parts partitions // per-partition state and readiness: partitions.go
+	pg    postgres   // pools, publication backlogs, dedup retention: postgres.go
 }
 
 // New returns Metrics with their own registry, which also holds the Go
@@ -34,6 +35,7 @@ type Metrics struct {
 func New() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.parts = partitions{m: m, now: time.Now}
+	m.pg = postgres{now: time.Now}
 	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "onceflow_batch_records", Help: "Records per committed batch.",
 		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
@@ -42,7 +44,7 @@ func New() *Metrics {
 		Name: "onceflow_batch_duration_seconds", Help: "Time from a batch closing to its COMMIT, retries included.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 	})
-	m.reg.MustRegister(m.batchSize, m.batchDur, m, &m.parts, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.batchSize, m.batchDur, m, &m.parts, &m.pg, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

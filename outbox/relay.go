@@ -166,6 +166,24 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	return published, err
 }
 
+// OldestPending returns the age, by Postgres' clock, of the oldest outbox
+// row neither published nor refused by the broker (leased rows count: they
+// are not on the topic yet), or 0 when there is none. Rows are published in
+// id order, so this is the row at the head of the queue. It reads one row
+// of an index, within QueryTimeout. Metrics export it: a relay that is
+// stuck, or not running at all, shows as an age that only grows.
+func (r *Relay) OldestPending(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	defer cancel()
+	var secs float64
+	err := r.pool.QueryRow(ctx, `SELECT coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at) FROM `+r.table+`
+  WHERE published_at IS NULL AND failed_at IS NULL ORDER BY id LIMIT 1), 0)::float8`).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("oldest pending outbox row: %w", err)
+	}
+	return time.Duration(max(secs, 0) * float64(time.Second)), nil
+}
+
 // pendingRow is one claimed outbox row.
 type pendingRow struct {
 	id          int64

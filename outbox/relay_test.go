@@ -150,3 +150,37 @@ func TestProduceTimeoutBoundsTheRelay(t *testing.T) {
 		t.Errorf("%d rows marked failed for a retriable broker error", n)
 	}
 }
+
+// OldestPending is the age of the oldest row not yet on the topic (a row
+// the broker refused does not count: no relay tries it again), and 0 once
+// the relay published them.
+func TestOldestPendingIsTheHeadOfTheQueue(t *testing.T) {
+	pool, schema, brokers := setup(t)
+	s := store(t, pool, schema)
+	ctx := t.Context()
+	r := relay(t, pool, client(t, brokers), RelayConfig{Schema: schema})
+	if age, err := r.OldestPending(ctx); err != nil || age != 0 {
+		t.Fatalf("empty outbox: OldestPending = %v, %v; want 0", age, err)
+	}
+	enqueue(t, s, 3)
+	// The first row was written an hour ago, the second refused two hours ago.
+	for _, q := range []string{
+		`UPDATE ` + schema + `.outbox SET created_at = now() - interval '1 hour' WHERE id = (SELECT min(id) FROM ` + schema + `.outbox)`,
+		`UPDATE ` + schema + `.outbox SET created_at = now() - interval '2 hours', failed_at = now(), fail_reason = 'refused'
+  WHERE id = (SELECT min(id) + 1 FROM ` + schema + `.outbox)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	age, err := r.OldestPending(ctx)
+	if err != nil || age < 59*time.Minute || age > 61*time.Minute {
+		t.Fatalf("OldestPending = %v, %v; want an hour (the oldest row not refused)", age, err)
+	}
+	if n, err := r.RelayOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("RelayOnce = %d, %v; want 2 rows", n, err)
+	}
+	if age, err := r.OldestPending(ctx); err != nil || age != 0 {
+		t.Errorf("after publishing: OldestPending = %v, %v; want 0", age, err)
+	}
+}

@@ -86,8 +86,10 @@ type Config struct {
 	// Postgres calls on a pool opened from DSN (otelpgx) and the Kafka
 	// client (kotel). The program owns the provider and flushes it.
 	TracerProvider trace.TracerProvider
-	// Metrics, if set, exports the consumer's and the cache's counters and
-	// every committed batch.
+	// Metrics, if set, exports the consumer's and the cache's counters,
+	// every committed batch, the pool's saturation (pool="main"), the age
+	// of the oldest dead letter not yet on DeadLetterTopic (when set) and
+	// the dedup retention's slices (when Retention is set).
 	Metrics *metrics.Metrics
 
 	// Consumer tunes the Kafka side: batching, decoding, timeouts, client
@@ -204,8 +206,12 @@ func (c Config) consumerConfig(m *metrics.Metrics) processor.Config {
 // retention is the dedup retention over pool.
 // Drops are held while a replay has not caught up.
 func (c Config) retention(pool *pgxpool.Pool) dedup.Retention {
-	return dedup.Retention{Pool: pool, Schema: c.Schema, Horizon: c.Retention, Slices: c.RetentionSlices, Logger: c.Logger,
+	r := dedup.Retention{Pool: pool, Schema: c.Schema, Horizon: c.Retention, Slices: c.RetentionSlices, Logger: c.Logger,
 		Hold: sink.HoldForReplays(pool, c.Schema, c.Retention)}
+	if c.Metrics != nil {
+		r.OnStep = c.Metrics.OnRetentionStep
+	}
+	return r
 }
 
 // writerConfig is the sink's config: Writer with Config's own fields.
@@ -361,8 +367,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if r.cfg.Metrics != nil {
-		r.cfg.Metrics.Add(c, cache)
+	if m := r.cfg.Metrics; m != nil {
+		m.Add(c, cache)
+		m.AddPool("main", pool)
+		if r.cfg.DeadLetterTopic != "" {
+			m.AddDeadLetterTopic(w.OldestUnpublishedDeadLetter)
+		}
 	}
 	r.mu.Lock()
 	r.consumer, aborted = c, r.aborted

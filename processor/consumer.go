@@ -367,7 +367,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.killed.Load() {
 		cancelClient()
 	}
-	opts := append(append(c.clientOptions(), c.cfg.KafkaOptions...), kgo.WithContext(clientCtx))
+	// The event id tag comes after KafkaOptions: its hook runs after a
+	// tracing hook there has started the record's receive span.
+	opts := append(append(c.clientOptions(), c.cfg.KafkaOptions...),
+		kgo.WithHooks(eventIDTag{c.cfg.Decode.withDefaults()}), kgo.WithContext(clientCtx))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)

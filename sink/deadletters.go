@@ -79,6 +79,21 @@ FROM unnest($1::bigint[], $2::text[]) AS n(id, note) WHERE d.id = n.id`, ids, no
 	return nil
 }
 
+// OldestUnpublishedDeadLetter returns the age, by Postgres' clock, of the
+// writer's group's oldest dead letter whose copy is not yet on the
+// dead-letter topic, or 0 when every one is. It reads one row of an index;
+// bound it with ctx. With no dead-letter topic configured nothing is ever
+// published, so the age only grows: export it only when there is one.
+func (w *Writer) OldestUnpublishedDeadLetter(ctx context.Context) (time.Duration, error) {
+	var secs float64
+	err := w.pool.QueryRow(ctx, `SELECT coalesce((SELECT extract(epoch FROM clock_timestamp() - created_at) FROM `+w.dead+`
+  WHERE consumer_group = $1 AND published_at IS NULL ORDER BY id LIMIT 1), 0)::float8`, w.cfg.Group).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("oldest unpublished dead letter: %w", err)
+	}
+	return time.Duration(max(secs, 0) * float64(time.Second)), nil
+}
+
 // logDeadLetters logs each dead letter a committed batch recorded: a
 // record read again whose dead letter was recorded before is not logged
 // again (nor counted, see Result.DeadLetters).

@@ -100,6 +100,7 @@ func (a *app) demo(ctx context.Context, o demo.Options, serveMetrics bool, progr
 		return demo.Summary{}, err
 	}
 	m := metrics.New()
+	m.AddPool("main", pool)
 	if serveMetrics {
 		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), api.PostgresCheck(pool)))
 		if err != nil {

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/onceflow/onceflow/deploy"
+	"github.com/onceflow/onceflow/internal/config"
 	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
@@ -57,11 +59,55 @@ func exported(fams map[string]*dto.MetricFamily, name string) bool {
 	return false
 }
 
-// A running member (`onceflow run`, kfake and Postgres) exports every
-// series the alert rules and the dashboard read; and once it has applied
+// servedOnly are the series only `onceflow serve` exports: it runs the
+// outbox's relay, `run` does not.
+var servedOnly = map[string]bool{"onceflow_outbox_oldest_pending_age_seconds": true}
+
+// checkReadExported fails for each series an alert rule or a dashboard
+// query reads that fams (scraped from url) lacks, leaving out those in
+// skip; an expression that reads no onceflow series fails too.
+func checkReadExported(t *testing.T, url string, fams map[string]*dto.MetricFamily, skip map[string]bool) {
+	t.Helper()
+	rules, err := deploy.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dash, err := deploy.DashboardExprs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exprs []deploy.Expr
+	for _, r := range rules {
+		exprs = append(exprs, deploy.Expr{Where: "alert " + r.Alert, Expr: r.Expr})
+	}
+	exprs = append(exprs, dash...)
+	checked := 0
+	for _, e := range exprs {
+		names := deploy.MetricNames(e.Expr)
+		if len(names) == 0 {
+			t.Errorf("%s reads no onceflow series: %s", e.Where, e.Expr)
+		}
+		for _, n := range names {
+			if skip[n] {
+				continue
+			}
+			checked++
+			if !exported(fams, n) {
+				t.Errorf("%s reads %s, which a running member does not export", e.Where, n)
+			}
+		}
+	}
+	t.Logf("%d expressions, %d series names checked against %s", len(exprs), checked, url)
+}
+
+// A running member (`onceflow run`, kfake and Postgres, a dead-letter
+// topic, the default dedup retention) exports every series the alert
+// rules and the dashboard read, but the outbox's; and once it has applied
 // every record, each of its partitions exports its time lag at 0, its
-// committed offset at the partition's end, and not retrying.
+// committed offset at the partition's end, and not retrying, and nothing
+// waits for the dead-letter topic.
 func TestRulesAndDashboardReadExportedMetrics(t *testing.T) {
+	t.Setenv("ONCEFLOW_KAFKA_DEAD_LETTER_TOPIC", "orders.dlq")
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
 	schema := freshSchema(t, pool, "test_deploy_")
@@ -104,7 +150,8 @@ func TestRulesAndDashboardReadExportedMetrics(t *testing.T) {
 		for _, m := range fams["onceflow_partition_committed_offset"].GetMetric() {
 			committed += m.GetGauge().GetValue()
 		}
-		if err == nil && committed >= float64(len(stream.Messages)) && len(fams["onceflow_partition_time_lag_seconds"].GetMetric()) == partitions {
+		if err == nil && committed >= float64(len(stream.Messages)) && len(fams["onceflow_partition_time_lag_seconds"].GetMetric()) == partitions &&
+			fams["onceflow_dedup_slices"] != nil {
 			break
 		}
 		select {
@@ -119,33 +166,7 @@ func TestRulesAndDashboardReadExportedMetrics(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	rules, err := deploy.Rules()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dash, err := deploy.DashboardExprs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var exprs []deploy.Expr
-	for _, r := range rules {
-		exprs = append(exprs, deploy.Expr{Where: "alert " + r.Alert, Expr: r.Expr})
-	}
-	exprs = append(exprs, dash...)
-	checked := 0
-	for _, e := range exprs {
-		names := deploy.MetricNames(e.Expr)
-		if len(names) == 0 {
-			t.Errorf("%s reads no onceflow series: %s", e.Where, e.Expr)
-		}
-		for _, n := range names {
-			checked++
-			if !exported(fams, n) {
-				t.Errorf("%s reads %s, which a running member does not export", e.Where, n)
-			}
-		}
-	}
-	t.Logf("%d expressions, %d series names checked against %s", len(exprs), checked, url)
+	checkReadExported(t, url, fams, servedOnly)
 
 	// Caught up: every partition at 0, its offset at its end.
 	for _, m := range fams["onceflow_partition_time_lag_seconds"].GetMetric() {
@@ -166,6 +187,43 @@ func TestRulesAndDashboardReadExportedMetrics(t *testing.T) {
 	if n := len(fams["onceflow_ready"].GetMetric()); n != 2 {
 		t.Errorf("onceflow_ready has %d checks, want 2 (postgres, kafka)", n)
 	}
+	for _, name := range []string{"onceflow_dead_letters_oldest_unpublished_age_seconds", "onceflow_dedup_rotation_overdue_seconds",
+		"onceflow_dedup_drop_overdue_seconds", "onceflow_dedup_drop_held"} {
+		for _, m := range fams[name].GetMetric() {
+			if v := m.GetGauge().GetValue(); v != 0 {
+				t.Errorf("%s%s = %v on a member caught up with a fresh schema, want 0", name, labelsOf(m), v)
+			}
+		}
+	}
+}
+
+// `onceflow serve` (its API, the outbox relay, the consumer, the dedup
+// retention, a dead-letter topic) exports every series the alert rules
+// and the dashboard read, the outbox's included; once its one event is
+// published the outbox's oldest pending row is 0 seconds old.
+func TestRulesAndDashboardReadServedMetrics(t *testing.T) {
+	s := startSeedServer(t, func(c *config.Config, _ string) { c.Kafka.DeadLetterTopic = "orders.dlq" })
+	if code, _, body := s.post(uuid.NewString(), `{"user_id":1,"items":["A"]}`); code/100 != 2 {
+		t.Fatalf("POST /events-outbox: %d %v", code, body)
+	}
+	s.drained()
+	url := s.base + "/metrics"
+	var fams map[string]*dto.MetricFamily
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var err error
+		fams, err = scrapeFamilies(url)
+		if err == nil && fams["onceflow_dedup_slices"] != nil && len(fams["onceflow_partition_time_lag_seconds"].GetMetric()) > 0 &&
+			len(fams["onceflow_outbox_oldest_pending_age_seconds"].GetMetric()) == 1 &&
+			fams["onceflow_outbox_oldest_pending_age_seconds"].GetMetric()[0].GetGauge().GetValue() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("within 60s: no retention step, partition or published outbox on %s (scrape error: %v)", url, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	checkReadExported(t, url, fams, nil)
 }
 
 func labelsOf(m *dto.Metric) string {

@@ -114,6 +114,7 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 		return nil, err
 	}
 	m := metrics.New()
+	m.AddPool("main", pool)
 	consumer, err := a.serveConsumer(pool, brokers, m)
 	if err != nil {
 		return nil, err
@@ -122,6 +123,7 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 	if err != nil {
 		return nil, err
 	}
+	m.AddOutbox(relay.OldestPending)
 	mux, err := a.seedMux(pool, relay, m, consumer)
 	if err != nil {
 		return nil, err
@@ -135,7 +137,7 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 	wg.Add(3)
 	go func() { defer wg.Done(); errs[0] = consumer.Run(ctx) }()
 	go func() { defer wg.Done(); errs[1] = relay.Run(ctx) }()
-	go func() { defer wg.Done(); errs[2] = a.runRetention(ctx, pool) }()
+	go func() { defer wg.Done(); errs[2] = a.runRetention(ctx, pool, m) }()
 	return &server{addr: srv.Addr(), wait: func() error {
 		wg.Wait()
 		herr := stopServer(ctx, srv)
@@ -167,13 +169,13 @@ func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
 
 // runRetention keeps the dedup state to dedup.retention until ctx ends
 // (nothing when it is 0: kept forever).
-func (a *app) runRetention(ctx context.Context, pool *pgxpool.Pool) error {
+func (a *app) runRetention(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) error {
 	if a.cfg.Dedup.Retention <= 0 {
 		return nil
 	}
 	schema, horizon := a.cfg.Postgres.Schema, a.cfg.Dedup.Retention
 	return dedup.Retention{Pool: pool, Schema: schema, Horizon: horizon, Slices: a.cfg.Dedup.RetentionSlices, Logger: a.log,
-		Hold: sink.HoldForReplays(pool, schema, horizon)}.Run(ctx)
+		Hold: sink.HoldForReplays(pool, schema, horizon), OnStep: m.OnRetentionStep}.Run(ctx)
 }
 
 func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Metrics) (*processor.Consumer, error) {
@@ -192,6 +194,9 @@ func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Met
 		return nil, err
 	}
 	m.Add(consumer, cache)
+	if a.cfg.Kafka.DeadLetterTopic != "" {
+		m.AddDeadLetterTopic(w.OldestUnpublishedDeadLetter)
+	}
 	return consumer, nil
 }
 
