@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,6 +29,9 @@ type Isolation struct {
 	tables     []pgx.Identifier
 	sql        []*sink.SQLHandler
 	migrate    migrate.Func
+
+	mu      sync.Mutex
+	written []string // the clones' names and the Go handlers' tables, set by Create
 }
 
 // RefusedError is a benchmark that cannot keep off the user's tables: it
@@ -50,6 +54,7 @@ func (e *RefusedError) Error() string {
 //   - a statement that calls a volatile function of the user's (not
 //     Postgres' own nor an extension's), which may write anywhere;
 //   - two written tables of one name in different schemas;
+//
 // and, when a schema is made (Create), a statement that still writes
 // outside it: a table named with its schema (public.payments).
 // user is the user's pool; it is read, never written.
@@ -139,11 +144,28 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 	if err := sink.Migrate(ctx, iso.user, schema); err != nil {
 		return nil, err
 	}
+	own, err := tablesIn(ctx, iso.user, schema)
+	if err != nil {
+		return nil, err
+	}
 	if iso.migrate != nil {
 		if err := iso.migrate(ctx, iso.user, schema); err != nil {
 			return nil, fmt.Errorf("migrate the handlers' tables: %w", err)
 		}
 	}
+	all, err := tablesIn(ctx, iso.user, schema)
+	if err != nil {
+		return nil, err
+	}
+	written := []string{}
+	for _, t := range all {
+		if !slices.Contains(own, t) || slices.ContainsFunc(iso.tables, func(c pgx.Identifier) bool { return c[1] == t }) {
+			written = append(written, t)
+		}
+	}
+	iso.mu.Lock()
+	iso.written = written
+	iso.mu.Unlock()
 	pc := iso.user.Config().Copy()
 	pc.MaxConns = int32(max(size, 1))
 	pc.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize() + ", " + iso.searchPath
@@ -169,6 +191,29 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 		return nil, &RefusedError{Problems: ps}
 	}
 	return pool, nil
+}
+
+// written returns the tables of a schema Create made that the handlers
+// write: the clones and the Go handlers' tables (not onceflow's).
+func (iso *Isolation) writtenTables() []string {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	return slices.Clone(iso.written)
+}
+
+// tablesIn lists the ordinary and partitioned tables of schema that are
+// not partitions.
+func tablesIn(ctx context.Context, db *pgxpool.Pool, schema string) ([]string, error) {
+	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1`, schema)
+	if err != nil {
+		return nil, fmt.Errorf("list the tables of %s: %w", schema, err)
+	}
+	ts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list the tables of %s: %w", schema, err)
+	}
+	return ts, nil
 }
 
 // Drop drops schema and everything in it.

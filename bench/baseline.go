@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/sink"
+)
+
+// baseline writes the unique events' effects directly: the handlers over
+// batches of batch events, one transaction each, on workers writers at
+// once (the benchmark's pool size: what the members share), no Kafka, no
+// duplicates, no offsets. With claims, each batch also copies its
+// processed_events rows (one per event and handler) by binary COPY into
+// the current dedup slice: the raw-copy baseline, what a writer of the
+// same rows by the cheapest path pays for the dedup rows. Handlers that
+// implement sink.TopicFilter get the events of their topic only; parse,
+// if set, sets each event's Parsed as the Writer would.
+func baseline(ctx context.Context, pool *pgxpool.Pool, schema string, hs []sink.Handler, evs []sink.Event,
+	batch, workers int, claims bool, parse func(sink.Event) (any, error)) error {
+	if parse != nil {
+		cp := make([]sink.Event, len(evs))
+		for i, e := range evs {
+			p, err := parse(e)
+			if err != nil {
+				return fmt.Errorf("parse event %s: %w", e.ID, err)
+			}
+			e.Parsed = p
+			cp[i] = e
+		}
+		evs = cp
+	}
+	var slice int32
+	processed := pgx.Identifier{schema, "processed_events"}
+	if claims {
+		if err := pool.QueryRow(ctx, `SELECT max(slice) FROM `+pgx.Identifier{schema, "processed_events_slices"}.Sanitize()).Scan(&slice); err != nil {
+			return fmt.Errorf("the current dedup slice: %w", err)
+		}
+		processed = pgx.Identifier{schema, fmt.Sprintf("processed_events_s%d", slice)}
+	}
+	write := func(ctx context.Context, b []sink.Event) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if claims {
+			rows := make([][]any, 0, len(b)*len(hs))
+			for _, e := range b {
+				for _, h := range hs {
+					if consumes(h, e.Topic) {
+						rows = append(rows, []any{e.ID, h.Name(), "kafka", slice})
+					}
+				}
+			}
+			if _, err := tx.CopyFrom(ctx, processed, []string{"event_id", "handler", "bus", "slice"}, pgx.CopyFromRows(rows)); err != nil {
+				return fmt.Errorf("copy processed_events: %w", err)
+			}
+		}
+		for _, h := range hs {
+			if !consumes(h, b[0].Topic) {
+				continue
+			}
+			if err := h.Apply(ctx, tx, b); err != nil {
+				return fmt.Errorf("handler %s: %w", h.Name(), err)
+			}
+		}
+		return tx.Commit(ctx)
+	}
+	jobs := make(chan []sink.Event) // unbuffered: a worker takes the next batch when free
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range jobs {
+				if err := write(ctx, b); err != nil {
+					errs[w] = err
+					cancel()
+					for range jobs { // drain: the feeder stops at cancel
+					}
+					return
+				}
+			}
+		}()
+	}
+feed:
+	for i := 0; i < len(evs); i += batch {
+		select {
+		case jobs <- evs[i:min(i+batch, len(evs))]:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// consumes says whether h applies events of topic.
+func consumes(h sink.Handler, topic string) bool {
+	f, ok := h.(sink.TopicFilter)
+	return !ok || f.Consumes(topic)
+}
