@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -78,6 +80,7 @@ type benchRun struct {
 	recs  *streamRecords
 	line  *progressLine
 	names []string // the handlers'
+	id    string   // in the groups' names: a group is never reused, on any cluster
 	ref   map[string]tableState
 	mu    sync.Mutex
 }
@@ -96,7 +99,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &benchRun{cfg: cfg, line: &progressLine{w: cfg.Progress}}
+	id := make([]byte, 4)
+	_, _ = rand.Read(id)
+	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: hex.EncodeToString(id)}
 	res = &Results{Started: time.Now().UTC()}
 	hs, err := cfg.Handlers(cfg.Schema + "_probe")
 	if err != nil {
@@ -213,7 +218,7 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 			return nil, fmt.Errorf("%s: %w (the baseline applies the payloads directly: they must apply without error)", n, err)
 		}
 	case Steady, Storm:
-		if _, err := b.consume(ctx, pool, schema, "onceflow-bench-"+schemaWord(n), int64(len(b.recs.recs)), start, label, &r.Series, &r.Changes, n == Storm); err != nil {
+		if _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id), int64(len(b.recs.recs)), start, label, &r.Series, &r.Changes, n == Storm); err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
@@ -222,14 +227,14 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 		// on a small run), the group stops; a group without stored
 		// offsets then reads the topic from its start: what the first
 		// read must apply nothing again.
-		half, err := b.consume(ctx, pool, schema, "onceflow-bench-replay-1", int64(len(b.recs.recs)/2), start, label+" first half", &r.Series, &r.Changes, false)
+		half, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-1", round, b.id), int64(len(b.recs.recs)/2), start, label+" first half", &r.Series, &r.Changes, false)
 		if err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
 		r.Changes = append(r.Changes, change{Seconds: time.Since(start).Seconds(), What: "restart"})
 		var second []point
-		if _, err := b.consume(ctx, pool, schema, "onceflow-bench-replay-2", int64(len(b.recs.recs)), start, label+" from the start", &second, &r.Changes, false); err != nil {
+		if _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-2", round, b.id), int64(len(b.recs.recs)), start, label+" from the start", &second, &r.Changes, false); err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}

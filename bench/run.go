@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -159,9 +160,12 @@ func (c Config) Validate() error {
 	if c.PoolSize < 1 {
 		bad("PoolSize %d: at least 1", c.PoolSize)
 	}
-	for _, s := range c.Scenarios {
+	for i, s := range c.Scenarios {
 		if !slices.Contains([]string{Steady, Storm, Replay}, s) {
 			bad("unknown scenario %q (steady, storm, replay)", s)
+		}
+		if slices.Contains(c.Scenarios[:i], s) {
+			bad("scenario %q listed twice (Rounds repeats runs)", s)
 		}
 	}
 	if !validSchemaPrefix(c.Schema) {
@@ -255,29 +259,58 @@ func uniqueIDs(evs []sink.Event) map[uuid.UUID]bool {
 	return m
 }
 
-// progressLine rewrites one line of w, for a terminal.
+// progressLine is the progress of a run: on a terminal, one line
+// rewritten in place; elsewhere (a file, a pipe, a CI log), a line every
+// 5 seconds and the last.
 type progressLine struct {
-	mu sync.Mutex
-	w  io.Writer
-	n  int // length of the last line
+	mu   sync.Mutex
+	w    io.Writer
+	tty  bool
+	n    int       // length of the last line, on a terminal
+	last time.Time // of the last line written, elsewhere
+}
+
+func newProgressLine(w io.Writer) *progressLine {
+	p := &progressLine{w: w}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
 }
 
 func (p *progressLine) set(format string, a ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.write(false, format, a...)
+}
+
+func (p *progressLine) write(final bool, format string, a ...any) {
 	s := fmt.Sprintf(format, a...)
+	if !p.tty {
+		if final || time.Since(p.last) >= 5*time.Second {
+			fmt.Fprintln(p.w, s)
+			p.last = time.Now()
+		}
+		return
+	}
 	pad := ""
 	if len(s) < p.n {
 		pad = strings.Repeat(" ", p.n-len(s))
 	}
 	fmt.Fprintf(p.w, "\r%s%s", s, pad)
 	p.n = len(s)
+	if final {
+		fmt.Fprintln(p.w)
+		p.n = 0
+	}
 }
 
+// done writes the run's last line.
 func (p *progressLine) done(format string, a ...any) {
-	p.set(format, a...)
 	p.mu.Lock()
-	fmt.Fprintln(p.w)
-	p.n = 0
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	p.write(true, format, a...)
+	p.last = time.Time{}
 }
