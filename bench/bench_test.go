@@ -90,6 +90,11 @@ func TestRunSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, f := range []string{"throughput-steady-r1.png", "throughput-storm-r1.png", "throughput-replay-r1.png"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("no plot: %v", err)
+		}
+	}
 	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
 	if !strings.Contains(string(md), res.PriceLine()) {
 		t.Fatalf("results.md lacks the price line:\n%s", md)

@@ -56,10 +56,16 @@ func rounds(rs []float64) string {
 	return strings.Join(s, " ")
 }
 
-// WriteFiles writes results.json and results.md into dir (created if
-// missing). command is the command line, quoted in results.md.
+// WriteFiles writes results.json, results.md and a plot per scenario run
+// (throughput-<scenario>-r<round>.png: records committed per second over
+// time, the membership changes marked) into dir, created if missing.
+// command is the command line, quoted in results.md.
 func (res *Results) WriteFiles(dir, command string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	plots, err := res.writePlots(dir)
+	if err != nil {
 		return err
 	}
 	b, err := json.MarshalIndent(res, "", "  ")
@@ -86,6 +92,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 		"raw-copy: the same plus the dedup rows (processed_events) by COPY. " +
 		"Every run is checked from its tables: each unique event claimed once per handler, no dead letter, " +
 		"and the written tables as effects-only left them.\n")
+	for _, p := range plots {
+		fmt.Fprintf(&md, "\n![%s](%s)\n", p, p)
+	}
 	for _, r := range res.Runs {
 		if len(r.Problems) > 0 {
 			fmt.Fprintf(&md, "\n%s round %d: NOT EXACTLY ONCE: %s\n", r.Name, r.Round, strings.Join(r.Problems, "; "))

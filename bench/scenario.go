@@ -185,6 +185,7 @@ func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, grou
 	label string, series *[]point, changes *[]change, storm bool) (int64, error) {
 	g := members.NewGroup(b.starter(pool, schema, group))
 	defer func() { _ = g.StopAll() }()
+	*series = append(*series, point{Seconds: time.Since(start).Seconds()}) // the group has committed nothing
 	for range b.cfg.Members {
 		if _, err := g.Start(ctx); err != nil {
 			return 0, err
