@@ -49,6 +49,7 @@ type Results struct {
 // Settings are what a run measured, for the report and for comparing.
 type Settings struct {
 	Topic      string   `json:"topic"`
+	Payloads   string   `json:"payloads"`
 	Handlers   []string `json:"handlers"`
 	Tables     []string `json:"tables"`
 	Events     int      `json:"events"`
@@ -139,7 +140,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if len(cfg.Brokers) > 0 {
 		kafka = fmt.Sprint(cfg.Brokers)
 	}
-	res.Settings = Settings{Topic: b.kafka.topic, Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
+	res.Settings = Settings{Topic: b.kafka.topic, Payloads: cfg.Payloads.String(), Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
 		Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
 		BatchMax: batch, PoolSize: cfg.PoolSize, Kafka: kafka}
 	for _, t := range b.iso.Tables() {
@@ -200,7 +201,10 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 	}()
 	r := &RunResult{Name: n, Round: round, Schema: schema, Events: len(b.recs.events), Records: len(b.recs.recs)}
 	label := fmt.Sprintf("%s (round %d)", n, round)
+	// A run lasts from its start (the members' start: their joining the
+	// group included) to its last batch's COMMIT, or the baseline's last.
 	start := time.Now()
+	var stop time.Time
 	switch n {
 	case EffectsOnly, RawCopy:
 		hs, err := b.cfg.Handlers(schema)
@@ -218,30 +222,41 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 			return nil, fmt.Errorf("%s: %w (the baseline applies the payloads directly: they must apply without error)", n, err)
 		}
 	case Steady, Storm:
-		if _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id), int64(len(b.recs.recs)), start, label, &r.Series, &r.Changes, n == Storm); err != nil {
+		var st groupStats
+		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id),
+			int64(len(b.recs.recs)), start, label, &r.Series, &r.Changes, n == Storm, &st)
+		if err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
+		stop = end
 	case Replay:
 		// Half-way (once half the records are committed: a little more
 		// on a small run), the group stops; a group without stored
 		// offsets then reads the topic from its start: what the first
-		// read must apply nothing again.
-		half, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-1", round, b.id), int64(len(b.recs.recs)/2), start, label+" first half", &r.Series, &r.Changes, false)
+		// read applied must apply nothing again.
+		var st groupStats // both groups': the second applies nothing
+		half, _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-1", round, b.id),
+			int64(len(b.recs.recs)/2), start, label+" first half", &r.Series, &r.Changes, false, &st)
 		if err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
 		r.Changes = append(r.Changes, change{Seconds: time.Since(start).Seconds(), What: "restart"})
-		var second []point
-		if _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-2", round, b.id), int64(len(b.recs.recs)), start, label+" from the start", &second, &r.Changes, false); err != nil {
+		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-2", round, b.id),
+			int64(len(b.recs.recs)), start, label+" from the start", &r.Series, &r.Changes, false, &st)
+		if err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
 		r.Records = len(b.recs.recs) + int(half)
-		r.Series = append(r.Series, second...)
+		stop = end
 	}
-	el := time.Since(start)
+	if stop.IsZero() {
+		stop = time.Now()
+	}
+	el := stop.Sub(start)
+
 	r.Seconds = el.Seconds()
 	r.EventsPerSec = float64(r.Events) / r.Seconds
 	written := b.iso.writtenTables()

@@ -20,7 +20,12 @@ import (
 type Payloads struct {
 	lines [][]byte
 	tmpl  *Template
+	desc  string // for the report
 }
+
+// String describes the payloads: a sample of N lines, or a template,
+// with the file LoadPayloads read.
+func (p *Payloads) String() string { return p.desc }
 
 // ParseSample reads a sample of JSON lines: each non-blank line one JSON
 // value, used in turn (cycled) for the events' payloads. A line that is
@@ -45,11 +50,12 @@ func ParseSample(src []byte) (*Payloads, error) {
 	if len(p.lines) == 0 {
 		return nil, errors.New("the sample has no JSON line")
 	}
+	p.desc = fmt.Sprintf("a sample of %d lines", len(p.lines))
 	return p, nil
 }
 
 // FromTemplate returns the payloads of t.
-func FromTemplate(t *Template) *Payloads { return &Payloads{tmpl: t} }
+func FromTemplate(t *Template) *Payloads { return &Payloads{tmpl: t, desc: "a template"} }
 
 // LoadPayloads reads the payloads from a file: a template with template
 // true, else a sample of JSON lines. Errors name the file.
@@ -63,12 +69,15 @@ func LoadPayloads(path string, template bool) (*Payloads, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
-		return FromTemplate(t), nil
+		p := FromTemplate(t)
+		p.desc = "the template " + path
+		return p, nil
 	}
 	p, err := ParseSample(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	p.desc = fmt.Sprintf("the sample %s (%d lines)", path, len(p.lines))
 	return p, nil
 }
 

@@ -11,8 +11,8 @@ import (
 )
 
 // writePlots writes throughput-<run>-r<round>.png into dir for each
-// scenario run: records committed per second over time (one-second
-// windows), the membership changes marked.
+// scenario run: unique events applied and records committed per second
+// over time (one-second windows), the membership changes marked.
 func (res *Results) writePlots(dir string) ([]string, error) {
 	var files []string
 	for i := range res.Runs {
@@ -21,7 +21,7 @@ func (res *Results) writePlots(dir string) ([]string, error) {
 			continue
 		}
 		f := fmt.Sprintf("throughput-%s-r%d.png", r.Name, r.Round)
-		if err := plotRun(filepath.Join(dir, f), r); err != nil {
+		if err := plotRun(filepath.Join(dir, f), r, len(res.Settings.Handlers)); err != nil {
 			return files, fmt.Errorf("plot %s: %w", f, err)
 		}
 		files = append(files, f)
@@ -29,12 +29,12 @@ func (res *Results) writePlots(dir string) ([]string, error) {
 	return files, nil
 }
 
-func plotRun(path string, r *RunResult) error {
+func plotRun(path string, r *RunResult, handlers int) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("onceflow bench %s (round %d): throughput over time", r.Name, r.Round)
 	p.X.Label.Text = "seconds"
-	p.Y.Label.Text = "records committed per second (1 s windows)"
-	pts := plotter.XYs{}
+	p.Y.Label.Text = "per second (1 s windows)"
+	pts, events := plotter.XYs{}, plotter.XYs{}
 	maxY := 1.0
 	const window = 4 // samples are 250 ms apart
 	for i := 1; i < len(r.Series); i++ {
@@ -52,15 +52,23 @@ func plotRun(path string, r *RunResult) error {
 			continue
 		}
 		y := float64(r.Series[i].Committed-r.Series[j].Committed) / dt
+		e := float64(r.Series[i].Applied-r.Series[j].Applied) / float64(max(handlers, 1)) / dt
 		pts = append(pts, plotter.XY{X: r.Series[i].Seconds, Y: y})
-		maxY = max(maxY, y)
+		events = append(events, plotter.XY{X: r.Series[i].Seconds, Y: e})
+		maxY = max(maxY, y, e)
 	}
 	l, err := plotter.NewLine(pts)
 	if err != nil {
 		return err
 	}
-	l.Color, l.Width = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 255}, vg.Points(1.5)
-	p.Add(l)
+	l.Color, l.Width = color.RGBA{R: 0xaa, G: 0xaa, B: 0xaa, A: 255}, vg.Points(1)
+	le, err := plotter.NewLine(events)
+	if err != nil {
+		return err
+	}
+	le.Color, le.Width = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 255}, vg.Points(1.5)
+	p.Add(l, le)
+	p.Legend.Add("unique events applied/s", le)
 	p.Legend.Add("records committed/s", l)
 	p.Legend.Top, p.Legend.Left = true, true
 	colors := map[string]color.RGBA{"join+leave": {R: 0xff, G: 0x99, A: 255},

@@ -79,9 +79,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 	st := res.Settings
 	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
-	fmt.Fprintf(&md, "%d unique events, %d records (%.0f %% redeliveries, some on another partition), %d partitions, %d members, "+
+	fmt.Fprintf(&md, "Payloads: %s. %d unique events, %d records (%.0f %% redeliveries, some on another partition), %d partitions, %d members, "+
 		"batches of at most %d, %d Postgres connections, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s.\n\n",
-		st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
+		st.Payloads, st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	fmt.Fprintf(&md, "| run | events/s | vs effects-only | vs raw-copy | exactly once | rounds |\n|---|---:|---:|---:|---|---|\n")
 	for _, l := range res.Summary {
@@ -167,6 +167,7 @@ func Compare(w io.Writer, old, cur *Results) error {
 			diff = append(diff, fmt.Sprintf("%s %v → %v", k, x, y))
 		}
 	}
+	add("payloads", a.Payloads, b.Payloads)
 	add("events", a.Events, b.Events)
 	add("duplicates", a.Duplicates, b.Duplicates)
 	add("partitions", a.Partitions, b.Partitions)

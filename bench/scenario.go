@@ -131,8 +131,15 @@ func (m *runner) wait() error {
 	return m.err
 }
 
-// starter starts members of group over pool and schema.
-func (b *benchRun) starter(pool *pgxpool.Pool, schema, group string) members.Starter {
+// groupStats are what a group's members' committed batches add up to.
+type groupStats struct {
+	applied atomic.Int64 // (event, handler) pairs applied
+	last    atomic.Int64 // the last batch's COMMIT, Unix nanoseconds; 0 before
+}
+
+// starter starts members of group over pool and schema, counting their
+// batches in st.
+func (b *benchRun) starter(pool *pgxpool.Pool, schema, group string, st *groupStats) members.Starter {
 	return func(ctx context.Context, name string) (members.Member, error) {
 		hs, err := b.cfg.Handlers(schema)
 		if err != nil {
@@ -144,6 +151,14 @@ func (b *benchRun) starter(pool *pgxpool.Pool, schema, group string) members.Sta
 			cc.InstanceID += "-" + name
 		}
 		cc.KafkaOptions = append(cc.KafkaOptions, b.kafka.opts...)
+		next := cc.OnBatch
+		cc.OnBatch = func(bi processor.BatchInfo) {
+			st.applied.Add(int64(bi.Result.Applied))
+			st.last.Store(time.Now().UnixNano())
+			if next != nil {
+				next(bi)
+			}
+		}
 		p, err := pipeline.New(pipeline.Config{Brokers: b.kafka.brokers, Topics: []string{b.kafka.topic}, Group: group,
 			Pool: pool, Schema: schema, Handlers: hs, LRUSize: b.cfg.LRUSize,
 			Logger: b.cfg.Logger.With("member", name), Consumer: cc, Writer: b.cfg.Writer})
@@ -161,6 +176,7 @@ func (b *benchRun) starter(pool *pgxpool.Pool, schema, group string) members.Sta
 type point struct {
 	Seconds   float64 `json:"s"`
 	Committed int64   `json:"committed"` // records committed (the group's stored offsets)
+	Applied   int64   `json:"applied"`   // (event, handler) pairs applied, by the run's groups
 }
 
 // change is a membership change during a run.
@@ -175,20 +191,21 @@ const stallAfter = 90 * time.Second
 
 // consume runs a group of c.Members members over schema until they have
 // committed want records (the group's stored offsets), sampling into
-// series, and returns the records committed. With storm, the group's
+// series, and returns the records committed and when the batch that
+// completed them committed. With storm, the group's
 // membership changes (members.Group.Churn: a join and a leave, every
 // third a crash) once the first record is committed and then every
 // StormEvery, and the run has at least one change: one that would come
 // after the last record is waited for. It returns with an error when ctx
 // ends or nothing is committed for stallAfter.
 func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, group string, want int64, start time.Time,
-	label string, series *[]point, changes *[]change, storm bool) (int64, error) {
-	g := members.NewGroup(b.starter(pool, schema, group))
+	label string, series *[]point, changes *[]change, storm bool, st *groupStats) (int64, time.Time, error) {
+	g := members.NewGroup(b.starter(pool, schema, group, st))
 	defer func() { _ = g.StopAll() }()
-	*series = append(*series, point{Seconds: time.Since(start).Seconds()}) // the group has committed nothing
+	*series = append(*series, point{Seconds: time.Since(start).Seconds(), Applied: st.applied.Load()}) // the group has committed nothing
 	for range b.cfg.Members {
 		if _, err := g.Start(ctx); err != nil {
-			return 0, err
+			return 0, time.Time{}, err
 		}
 	}
 	first := make(chan struct{}) // closed at the first commit
@@ -250,30 +267,34 @@ func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, grou
 	for {
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, time.Time{}, ctx.Err()
 		case <-tick.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		n, err := members.Committed(qctx, pool, schema, group)
 		cancel()
 		if err != nil {
-			return 0, err
+			return 0, time.Time{}, err
 		}
 		if n > 0 {
 			firstOnce.Do(func() { close(first) })
 		}
 		el := time.Since(start)
-		*series = append(*series, point{Seconds: el.Seconds(), Committed: n})
-		b.line.set("  %s: %d/%d records committed, %s", label, n, want, rate(float64(n)/el.Seconds()))
+		applied := st.applied.Load()
+		*series = append(*series, point{Seconds: el.Seconds(), Committed: n, Applied: applied})
+		b.line.set("  %s: %d/%d records committed, %.0f events applied/s", label, n, want,
+			float64(applied)/float64(max(len(b.names), 1))/el.Seconds())
 		if n >= want && (!storm || made.Load() > 0) {
-			return n, stop()
+			end := time.Now()
+			if l := st.last.Load(); l > 0 {
+				end = time.Unix(0, l)
+			}
+			return n, end, stop()
 		}
 		if n != last {
 			last, lastAt = n, time.Now()
 		} else if time.Since(lastAt) > stallAfter && !churning.Load() {
-			return 0, fmt.Errorf("%s: no record committed for %v (%d of %d): the members are stuck; see the log", label, stallAfter, n, want)
+			return 0, time.Time{}, fmt.Errorf("%s: no record committed for %v (%d of %d): the members are stuck; see the log", label, stallAfter, n, want)
 		}
 	}
 }
-
-func rate(r float64) string { return fmt.Sprintf("%.0f records/s", r) }
