@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -13,7 +15,9 @@ import (
 )
 
 // baseline writes the unique events' effects directly: the handlers over
-// batches of batch events, one transaction each, on workers writers at
+// batches of at most batch events of one partition (each event with its
+// first delivery's partition and offset, as a member would see it), in
+// offset order, one transaction each, on workers writers at
 // once (the benchmark's pool size: what the members share), no Kafka, no
 // duplicates, no offsets. With claims, each batch also copies its
 // processed_events rows (one per event and handler) by binary COPY into
@@ -92,13 +96,22 @@ func baseline(ctx context.Context, pool *pgxpool.Pool, schema string, hs []sink.
 			}
 		}()
 	}
+	byPart := slices.Clone(evs)
+	slices.SortStableFunc(byPart, func(a, b sink.Event) int {
+		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	})
 feed:
-	for i := 0; i < len(evs); i += batch {
+	for i := 0; i < len(byPart); {
+		j := i + 1
+		for j < len(byPart) && j-i < batch && byPart[j].Partition == byPart[i].Partition {
+			j++
+		}
 		select {
-		case jobs <- evs[i:min(i+batch, len(evs))]:
+		case jobs <- byPart[i:j]:
 		case <-ctx.Done():
 			break feed
 		}
+		i = j
 	}
 	close(jobs)
 	wg.Wait()

@@ -155,6 +155,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := b.kafka.produce(ctx, b.recs.recs); err != nil {
 		return nil, err
 	}
+	b.recs.produced()
 	fmt.Fprintf(cfg.Progress, "  produced %d records in %.1fs\n", len(b.recs.recs), time.Since(t0).Seconds())
 
 	var failed []string

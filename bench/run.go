@@ -200,6 +200,15 @@ func validSchemaPrefix(s string) bool {
 type streamRecords struct {
 	recs   []*kgo.Record // in production order
 	events []sink.Event  // the unique events, for the baselines
+	first  []int         // per event, its first delivery's index in recs
+}
+
+// produced sets each event's Offset to its first delivery's, once recs
+// are produced (the client set their offsets).
+func (s *streamRecords) produced() {
+	for e, i := range s.first {
+		s.events[e].Offset = s.recs[i].Offset
+	}
 }
 
 // records makes the Kafka records of s for topic: the id where the
@@ -217,7 +226,7 @@ func records(s *Stream, topic string, d processor.DecodeConfig) (*streamRecords,
 	if header == "" {
 		header = processor.HeaderEventID
 	}
-	out := &streamRecords{events: make([]sink.Event, len(s.Events))}
+	out := &streamRecords{events: make([]sink.Event, len(s.Events)), first: make([]int, len(s.Events))}
 	values := make([][]byte, len(s.Events))
 	for i, e := range s.Events {
 		v := e.Value
@@ -239,7 +248,10 @@ func records(s *Stream, topic string, d processor.DecodeConfig) (*streamRecords,
 		}
 		out.events[i] = ev
 	}
-	for _, r := range s.Records {
+	for i, r := range s.Records {
+		if !r.Redelivery {
+			out.first[r.Event] = i
+		}
 		ev := out.events[r.Event]
 		rec := &kgo.Record{Topic: topic, Partition: r.Partition, Value: values[r.Event], Key: ev.Key, Timestamp: ev.Timestamp}
 		for _, h := range ev.Headers {
