@@ -28,6 +28,13 @@ const paymentTemplate = `{"account": "acct-{{int 1 50}}", "amount": "{{string de
 func TestRunSmall(t *testing.T) {
 	up, us, _ := userDB(t)
 	ctx := t.Context()
+	// A second handler keeps a counter per partition: its rows depend on
+	// which delivery of an event was applied, their sum does not.
+	if _, err := up.Exec(ctx, `CREATE TABLE counters (shard int PRIMARY KEY, n bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	const countersSQL = `INSERT INTO counters AS c SELECT partition, count(*) FROM events GROUP BY 1
+ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 	before := userRows(t, up, us)
 	tm, err := ParseTemplate([]byte(paymentTemplate))
 	if err != nil {
@@ -38,7 +45,7 @@ func TestRunSmall(t *testing.T) {
 	res, err := Run(ctx, Config{
 		Pool: up,
 		Handlers: func(string) ([]sink.Handler, error) {
-			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
+			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL), sqlHandler(t, "counters", countersSQL)}, nil
 		},
 		Topic: "payments", Payloads: FromTemplate(tm),
 		Events: 400, Duplicates: 0.3, Partitions: 4, Members: 2, StormEvery: 700 * time.Millisecond,
@@ -71,12 +78,19 @@ func TestRunSmall(t *testing.T) {
 		if st := r.Tables["payments"]; st.Rows != 400 {
 			t.Errorf("%s: payments has %d rows, want 400", r.Name, st.Rows)
 		}
+		if st := r.Tables["counters"]; st.Sums["n"] != "400" {
+			t.Errorf("%s: counters sum to %s, want 400 (tables %v)", r.Name, st.Sums["n"], r.Tables)
+		}
 	}
 	if !res.HasPrice || !strings.Contains(res.PriceLine(), "price of exactly-once: 1 − steady/effects-only = ") {
 		t.Fatalf("price line %q", res.PriceLine())
 	}
 	if after := userRows(t, up, us); strings.Join(after, "\n") != strings.Join(before, "\n") {
 		t.Fatalf("the user's payments changed: before %v after %v", before, after)
+	}
+	var counters int
+	if err := up.QueryRow(ctx, `SELECT count(*) FROM counters`).Scan(&counters); err != nil || counters != 0 {
+		t.Fatalf("the user's counters has %d rows (%v), want none", counters, err)
 	}
 	var left int
 	if err := up.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE $1`, prefix+"%").Scan(&left); err != nil || left != 0 {
@@ -174,5 +188,45 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	var re *RefusedError
 	if errors.As(err, &re) {
 		t.Fatal("a config error is not a refusal")
+	}
+}
+
+// The tables' comparison with effects-only: the same rows, or for rows
+// that depend on the delivery, the same sums of the numeric columns.
+func TestCheckComparesTables(t *testing.T) {
+	ref := map[string]tableState{
+		"emails":   {Rows: 3, Digest: "10"},
+		"counters": {Rows: 2, Digest: "20", Sums: map[string]string{"shard": "1", "n": "3"}},
+	}
+	tests := []struct {
+		name string
+		got  map[string]tableState
+		want string // a problem's text; empty: none
+	}{
+		{"same", ref, ""},
+		{"counters by other shards, same totals", map[string]tableState{"emails": ref["emails"],
+			"counters": {Rows: 3, Digest: "21", Sums: map[string]string{"shard": "1", "n": "3"}}}, "must not differ"},
+		{"a doubled email", map[string]tableState{"emails": {Rows: 4, Digest: "11"}, "counters": ref["counters"]},
+			"table emails has 4 rows, effects-only wrote 3"},
+		{"an email changed", map[string]tableState{"emails": {Rows: 3, Digest: "11"}, "counters": ref["counters"]},
+			"table emails has other contents"},
+		{"a counter doubled", map[string]tableState{"emails": ref["emails"],
+			"counters": {Rows: 2, Digest: "22", Sums: map[string]string{"shard": "1", "n": "4"}}}, "table counters has other contents"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ps, err := check(t.Context(), nil, "s", nil, 3, false, tt.got, ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tt.want == "" || tt.want == "must not differ":
+				if len(ps) != 0 {
+					t.Fatalf("check = %q, want no problem", ps)
+				}
+			case len(ps) != 1 || !strings.Contains(ps[0], tt.want):
+				t.Fatalf("check = %q, want one problem saying %q", ps, tt.want)
+			}
+		})
 	}
 }
