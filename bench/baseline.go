@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -75,6 +76,24 @@ func baseline(ctx context.Context, pool *pgxpool.Pool, schema string, hs []sink.
 			}
 		}
 		return tx.Commit(ctx)
+	}
+	// A transient error (a deadlock between writers upserting the same
+	// rows, a serialization failure) is retried, as the pipeline retries
+	// it: up to 5 attempts, 100 ms apart.
+	write1 := write
+	write = func(ctx context.Context, b []sink.Event) error {
+		var err error
+		for range 5 {
+			if err = write1(ctx, b); err == nil || !sink.IsTransient(err) {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		return err
 	}
 	jobs := make(chan []sink.Event) // unbuffered: a worker takes the next batch when free
 	ctx, cancel := context.WithCancel(ctx)

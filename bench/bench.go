@@ -81,7 +81,7 @@ type benchRun struct {
 	recs  *streamRecords
 	line  *progressLine
 	names []string // the handlers'
-	id    string   // in the groups' names: a group is never reused, on any cluster
+	id    string   // in the groups' and schemas' names: never reused, on any cluster or database
 	ref   map[string]tableState
 	mu    sync.Mutex
 }
@@ -186,10 +186,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 
 // run runs one scenario or baseline in a schema of its own.
 func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, err error) {
-	schema := fmt.Sprintf("%s_%s_r%d", b.cfg.Schema, schemaWord(n), round)
-	if err := b.iso.Drop(ctx, schema); err != nil { // left by an earlier --keep
-		return nil, err
-	}
+	// The id keeps two benchmarks on one database, at once or one after
+	// a --keep, apart; Create fails on a schema that exists.
+	schema := fmt.Sprintf("%s_%s_%s_r%d", b.cfg.Schema, b.id, schemaWord(n), round)
 	pool, err := b.iso.Create(ctx, schema, b.cfg.PoolSize)
 	if err != nil {
 		return nil, err

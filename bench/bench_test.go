@@ -230,3 +230,31 @@ func TestCheckComparesTables(t *testing.T) {
 		})
 	}
 }
+
+// Two benchmarks on one database at once, with the same schema prefix,
+// keep apart: each run exactly once, and neither drops the other's
+// schemas.
+func TestRunTwoAtOnce(t *testing.T) {
+	up, us, _ := userDB(t)
+	tm, _ := ParseTemplate([]byte(paymentTemplate))
+	prefix := us + "_t"
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := Run(t.Context(), Config{
+				Pool: up,
+				Handlers: func(string) ([]sink.Handler, error) {
+					return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
+				},
+				Topic: "payments", Payloads: FromTemplate(tm), Events: 300, Partitions: 3, Members: 2,
+				Scenarios: []string{Steady, Replay}, Schema: prefix,
+			})
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}

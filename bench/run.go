@@ -78,8 +78,10 @@ type Config struct {
 	// (every third a crash); default 2s.
 	StormEvery time.Duration
 	Seed       uint64
-	// Schema prefixes the schemas of the runs (<Schema>_<run>_r<round>);
-	// default "onceflow_bench". Keep leaves them after the run.
+	// Schema prefixes the schemas of the runs
+	// (<Schema>_<random>_<run>_r<round>, the random part the same for
+	// every run of one call); default "onceflow_bench". Keep leaves them
+	// after the run.
 	Schema string
 	Keep   bool
 	// Baselines runs effects-only and raw-copy (default true through
@@ -169,7 +171,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if !validSchemaPrefix(c.Schema) {
-		bad("Schema %q: lower-case letters, digits and _ only, starting with a letter, at most 40", c.Schema)
+		bad("Schema %q: lower-case letters, digits and _ only, starting with a letter, at most 30", c.Schema)
 	}
 	d := c.Consumer.Decode
 	switch {
@@ -184,7 +186,7 @@ func (c Config) Validate() error {
 }
 
 func validSchemaPrefix(s string) bool {
-	if s == "" || len(s) > 40 || s[0] < 'a' || s[0] > 'z' {
+	if s == "" || len(s) > 30 || s[0] < 'a' || s[0] > 'z' {
 		return false
 	}
 	for _, c := range s {
