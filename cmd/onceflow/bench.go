@@ -123,6 +123,14 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 	case o.sample != "" && o.template != "":
 		ps = append(ps, errors.New("--sample and --template: give one"))
 	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"events", o.events}, {"partitions", o.partitions}, {"members", o.members}, {"rounds", o.rounds}} {
+		if f.v < 1 {
+			ps = append(ps, fmt.Errorf("--%s %d: at least 1", f.name, f.v))
+		}
+	}
 	if o.compare != "" {
 		if _, err := os.Stat(o.compare); err != nil {
 			ps = append(ps, fmt.Errorf("--compare: %w", err))
