@@ -27,9 +27,9 @@ type RunResult struct {
 	// says what was not.
 	ExactlyOnce bool                  `json:"exactly_once"`
 	Problems    []string              `json:"problems,omitempty"`
-	Tables      map[string]tableState `json:"tables,omitempty"`
-	Series      []point               `json:"series,omitempty"`
-	Changes     []change              `json:"changes,omitempty"`
+	Tables      map[string]TableState `json:"tables,omitempty"`
+	Series      []Sample              `json:"series,omitempty"`
+	Changes     []Change              `json:"changes,omitempty"`
 }
 
 // Results are a benchmark's runs and its summary.
@@ -82,7 +82,7 @@ type benchRun struct {
 	line  *progressLine
 	names []string // the handlers'
 	id    string   // in the groups' and schemas' names: never reused, on any cluster or database
-	ref   map[string]tableState
+	ref   map[string]TableState
 	mu    sync.Mutex
 }
 
@@ -162,7 +162,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	for round := 1; round <= cfg.Rounds; round++ {
 		var names []string
 		names = append(names, EffectsOnly) // always: the tables' reference
-		if !cfg.NoBaselines {
+		if !cfg.NoRawCopy {
 			names = append(names, RawCopy)
 		}
 		names = append(names, cfg.Scenarios...)
@@ -242,7 +242,7 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
-		r.Changes = append(r.Changes, change{Seconds: time.Since(start).Seconds(), What: "restart"})
+		r.Changes = append(r.Changes, Change{Seconds: time.Since(start).Seconds(), What: "restart"})
 		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-2", round, b.id),
 			int64(len(b.recs.recs)), start, label+" from the start", &r.Series, &r.Changes, false, &st)
 		if err != nil {

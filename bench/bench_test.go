@@ -131,7 +131,7 @@ func TestCheckSeesDoubles(t *testing.T) {
 			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
 		},
 		Topic: "payments", Payloads: FromTemplate(tm), Events: 50, Partitions: 2, Members: 1,
-		Scenarios: []string{Steady}, NoBaselines: true, Schema: prefix, Keep: true,
+		Scenarios: []string{Steady}, NoRawCopy: true, Schema: prefix, Keep: true,
 	})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -194,23 +194,23 @@ func TestRunRefusesBadConfig(t *testing.T) {
 // The tables' comparison with effects-only: the same rows, or for rows
 // that depend on the delivery, the same sums of the numeric columns.
 func TestCheckComparesTables(t *testing.T) {
-	ref := map[string]tableState{
+	ref := map[string]TableState{
 		"emails":   {Rows: 3, Digest: "10"},
 		"counters": {Rows: 2, Digest: "20", Sums: map[string]string{"shard": "1", "n": "3"}},
 	}
 	tests := []struct {
 		name string
-		got  map[string]tableState
+		got  map[string]TableState
 		want string // a problem's text; empty: none
 	}{
 		{"same", ref, ""},
-		{"counters by other shards, same totals", map[string]tableState{"emails": ref["emails"],
+		{"counters by other shards, same totals", map[string]TableState{"emails": ref["emails"],
 			"counters": {Rows: 3, Digest: "21", Sums: map[string]string{"shard": "1", "n": "3"}}}, "must not differ"},
-		{"a doubled email", map[string]tableState{"emails": {Rows: 4, Digest: "11"}, "counters": ref["counters"]},
+		{"a doubled email", map[string]TableState{"emails": {Rows: 4, Digest: "11"}, "counters": ref["counters"]},
 			"table emails has 4 rows, effects-only wrote 3"},
-		{"an email changed", map[string]tableState{"emails": {Rows: 3, Digest: "11"}, "counters": ref["counters"]},
+		{"an email changed", map[string]TableState{"emails": {Rows: 3, Digest: "11"}, "counters": ref["counters"]},
 			"table emails has other contents"},
-		{"a counter doubled", map[string]tableState{"emails": ref["emails"],
+		{"a counter doubled", map[string]TableState{"emails": ref["emails"],
 			"counters": {Rows: 2, Digest: "22", Sums: map[string]string{"shard": "1", "n": "4"}}}, "table counters has other contents"},
 	}
 	for _, tt := range tests {

@@ -11,11 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// tableState is a written table after a run: its rows, a digest of them
+// TableState is a written table after a run: its rows, a digest of them
 // (order-free) over the columns without a default (a default — now(), a
 // sequence — differs between runs of the same events), and its numeric
 // columns' sums.
-type tableState struct {
+type TableState struct {
 	Rows   int64  `json:"rows"`
 	Digest string `json:"digest"`
 	// Sums are the sums of the numeric columns (without a default), by
@@ -25,8 +25,8 @@ type tableState struct {
 }
 
 // effects reads the state of tables (names in schema).
-func effects(ctx context.Context, pool *pgxpool.Pool, schema string, tables []string) (map[string]tableState, error) {
-	out := map[string]tableState{}
+func effects(ctx context.Context, pool *pgxpool.Pool, schema string, tables []string) (map[string]TableState, error) {
+	out := map[string]TableState{}
 	for _, t := range tables {
 		rows, err := pool.Query(ctx, `
 SELECT quote_ident(a.attname), a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'numeric'::regtype, 'float4'::regtype, 'float8'::regtype)
@@ -58,7 +58,7 @@ ORDER BY a.attnum`, pgx.Identifier{schema, t}.Sanitize())
 		if len(names) > 0 {
 			expr = "hashtextextended(ROW(" + strings.Join(names, ", ") + ")::text, 0)"
 		}
-		s := tableState{Sums: map[string]string{}}
+		s := TableState{Sums: map[string]string{}}
 		dest := []any{&s.Rows, &s.Digest}
 		vals := make([]string, len(numeric))
 		for i := range vals {
@@ -87,7 +87,7 @@ ORDER BY a.attnum`, pgx.Identifier{schema, t}.Sanitize())
 // one applied), the same sums of those columns. claims says whether the run writes claims (the
 // effects-only baseline does not).
 func check(ctx context.Context, pool *pgxpool.Pool, schema string, handlers []string, unique int, claims bool,
-	got, ref map[string]tableState) ([]string, error) {
+	got, ref map[string]TableState) ([]string, error) {
 	var ps []string
 	if claims {
 		rows, err := pool.Query(ctx, `SELECT handler, count(*) FROM `+pgx.Identifier{schema, "processed_events"}.Sanitize()+` GROUP BY 1`)

@@ -84,9 +84,9 @@ type Config struct {
 	// after the run.
 	Schema string
 	Keep   bool
-	// Baselines runs effects-only and raw-copy (default true through
-	// NoBaselines false).
-	NoBaselines bool
+	// NoRawCopy skips the raw-copy baseline; effects-only always runs
+	// (it is the reference the runs' tables are checked against).
+	NoRawCopy bool
 
 	Progress io.Writer    // the progress lines; nil discards
 	Logger   *slog.Logger // the members' logs; nil discards

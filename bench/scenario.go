@@ -172,15 +172,16 @@ func (b *benchRun) starter(pool *pgxpool.Pool, schema, group string, st *groupSt
 	}
 }
 
-// point is one sample of a run's progress.
-type point struct {
+// Sample is one sample of a scenario run's progress, every 250 ms.
+type Sample struct {
 	Seconds   float64 `json:"s"`
 	Committed int64   `json:"committed"` // records committed (the group's stored offsets)
 	Applied   int64   `json:"applied"`   // (event, handler) pairs applied, by the run's groups
 }
 
-// change is a membership change during a run.
-type change struct {
+// Change is a membership change during a scenario run, or the replay's
+// restart.
+type Change struct {
 	Seconds float64 `json:"s"`
 	What    string  `json:"what"` // join+leave, join+crash, restart
 }
@@ -199,10 +200,10 @@ const stallAfter = 90 * time.Second
 // after the last record is waited for. It returns with an error when ctx
 // ends or nothing is committed for stallAfter.
 func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, group string, want int64, start time.Time,
-	label string, series *[]point, changes *[]change, storm bool, st *groupStats) (int64, time.Time, error) {
+	label string, series *[]Sample, changes *[]Change, storm bool, st *groupStats) (int64, time.Time, error) {
 	g := members.NewGroup(b.starter(pool, schema, group, st))
 	defer func() { _ = g.StopAll() }()
-	*series = append(*series, point{Seconds: time.Since(start).Seconds(), Applied: st.applied.Load()}) // the group has committed nothing
+	*series = append(*series, Sample{Seconds: time.Since(start).Seconds(), Applied: st.applied.Load()}) // the group has committed nothing
 	for range b.cfg.Members {
 		if _, err := g.Start(ctx); err != nil {
 			return 0, time.Time{}, err
@@ -237,7 +238,7 @@ func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, grou
 					what = "join+crash"
 				}
 				b.mu.Lock()
-				*changes = append(*changes, change{Seconds: time.Since(start).Seconds(), What: what})
+				*changes = append(*changes, Change{Seconds: time.Since(start).Seconds(), What: what})
 				b.mu.Unlock()
 				made.Add(1)
 				select {
@@ -281,7 +282,7 @@ func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, grou
 		}
 		el := time.Since(start)
 		applied := st.applied.Load()
-		*series = append(*series, point{Seconds: el.Seconds(), Committed: n, Applied: applied})
+		*series = append(*series, Sample{Seconds: el.Seconds(), Committed: n, Applied: applied})
 		b.line.set("  %s: %d/%d records committed, %.0f events applied/s", label, n, want,
 			float64(applied)/float64(max(len(b.names), 1))/el.Seconds())
 		if n >= want && (!storm || made.Load() > 0) {

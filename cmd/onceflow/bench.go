@@ -31,7 +31,7 @@ type benchOptions struct {
 	pool             int
 	seed             uint64
 	keep             bool
-	noBaselines      bool
+	noRawCopy        bool
 	out              string
 	compare          string
 	schema           string
@@ -104,7 +104,7 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.IntVar(&o.pool, "pool", 0, "Postgres connections of the benchmark, shared by the members and the baselines' writers (default postgres.pool_size)")
 	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads")
 	f.BoolVar(&o.keep, "keep", false, "leave the runs' schemas for inspection")
-	f.BoolVar(&o.noBaselines, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
+	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
 	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json and results.md")
 	f.StringVar(&o.compare, "compare", "", "an earlier results.json: print the difference")
 	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas")
@@ -191,7 +191,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		Brokers: brokers, Topic: topic, Payloads: payloads,
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
 		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, Seed: o.seed,
-		Schema: o.schema, Keep: o.keep, NoBaselines: o.noBaselines,
+		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
 	}
 	if len(brokers) > 0 {
