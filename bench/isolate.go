@@ -168,6 +168,9 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 	iso.mu.Unlock()
 	pc := iso.user.Config().Copy()
 	pc.MaxConns = int32(max(size, 1))
+	if pc.ConnConfig.RuntimeParams == nil {
+		pc.ConnConfig.RuntimeParams = map[string]string{}
+	}
 	pc.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize() + ", " + iso.searchPath
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
