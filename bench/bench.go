@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/processor"
 )
 
 // RunResult is one measured run: a scenario or a baseline, one round.
@@ -30,6 +32,28 @@ type RunResult struct {
 	Tables      map[string]TableState `json:"tables,omitempty"`
 	Series      []Sample              `json:"series,omitempty"`
 	Changes     []Change              `json:"changes,omitempty"`
+	// Consumer is the members' counters summed (scenarios only): where
+	// a run's time goes starts with its batches' sizes and its skips.
+	Consumer *ConsumerStats `json:"consumer,omitempty"`
+}
+
+// ConsumerStats are a scenario run's members' counters, summed.
+type ConsumerStats struct {
+	RecordsConsumed int64   `json:"records_consumed"`
+	Batches         int64   `json:"batches"`
+	MeanBatch       float64 `json:"mean_batch_records"`
+	Applied         int64   `json:"applied"` // (event, handler) pairs
+	SkippedLRU      int64   `json:"skipped_lru"`
+	SkippedPostgres int64   `json:"skipped_postgres"`
+}
+
+func consumerStats(s processor.Stats) *ConsumerStats {
+	c := &ConsumerStats{RecordsConsumed: s.RecordsConsumed, Batches: s.Batches, Applied: s.Applied,
+		SkippedLRU: s.SkippedLRU, SkippedPostgres: s.SkippedPostgres}
+	if s.Batches > 0 {
+		c.MeanBatch = float64(s.RecordsConsumed) / float64(s.Batches)
+	}
+	return c
 }
 
 // Results are a benchmark's runs and its summary.
@@ -230,6 +254,7 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 			return nil, err
 		}
 		stop = end
+		r.Consumer = consumerStats(st.members)
 	case Replay:
 		// Half-way (once half the records are committed: a little more
 		// on a small run), the group stops; a group without stored
@@ -251,6 +276,7 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 		}
 		r.Records = len(b.recs.recs) + int(half)
 		stop = end
+		r.Consumer = consumerStats(st.members)
 	}
 	if stop.IsZero() {
 		stop = time.Now()

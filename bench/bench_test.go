@@ -69,6 +69,10 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 		t.Fatalf("summary %s, want %s", got, want)
 	}
 	for _, r := range res.Runs {
+		if scenario := r.Name != EffectsOnly && r.Name != RawCopy; scenario != (r.Consumer != nil) ||
+			scenario && (r.Consumer.Batches == 0 || r.Consumer.RecordsConsumed < 520) {
+			t.Errorf("%s: consumer stats %+v", r.Name, r.Consumer)
+		}
 		if r.Name == Storm && len(r.Changes) == 0 {
 			t.Errorf("storm: no membership change")
 		}

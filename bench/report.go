@@ -92,6 +92,19 @@ func (res *Results) WriteFiles(dir, command string) error {
 		"raw-copy: the same plus the dedup rows (processed_events) by COPY. " +
 		"Every run is checked from its tables: each unique event claimed once per handler, no dead letter, " +
 		"and the written tables as effects-only left them.\n")
+	var scen []RunResult
+	for _, r := range res.Runs {
+		if r.Consumer != nil {
+			scen = append(scen, r)
+		}
+	}
+	if len(scen) > 0 {
+		md.WriteString("\n| scenario run | records consumed | batches | mean batch | pairs applied | skipped (LRU) | skipped (Postgres) |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range scen {
+			c := r.Consumer
+			fmt.Fprintf(&md, "| %s r%d | %d | %d | %.0f | %d | %d | %d |\n", r.Name, r.Round, c.RecordsConsumed, c.Batches, c.MeanBatch, c.Applied, c.SkippedLRU, c.SkippedPostgres)
+		}
+	}
 	for _, p := range plots {
 		fmt.Fprintf(&md, "\n![%s](%s)\n", p, p)
 	}

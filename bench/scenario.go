@@ -135,6 +135,9 @@ func (m *runner) wait() error {
 type groupStats struct {
 	applied atomic.Int64 // (event, handler) pairs applied
 	last    atomic.Int64 // the last batch's COMMIT, Unix nanoseconds; 0 before
+
+	mu      sync.Mutex
+	members processor.Stats // the counters of the groups' members, summed once each group stopped
 }
 
 // starter starts members of group over pool and schema, counting their
@@ -202,7 +205,12 @@ const stallAfter = 90 * time.Second
 func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, group string, want int64, start time.Time,
 	label string, series *[]Sample, changes *[]Change, storm bool, st *groupStats) (int64, time.Time, error) {
 	g := members.NewGroup(b.starter(pool, schema, group, st))
-	defer func() { _ = g.StopAll() }()
+	defer func() {
+		_ = g.StopAll()
+		st.mu.Lock()
+		st.members = st.members.Plus(g.Stats())
+		st.mu.Unlock()
+	}()
 	*series = append(*series, Sample{Seconds: time.Since(start).Seconds(), Applied: st.applied.Load()}) // the group has committed nothing
 	for range b.cfg.Members {
 		if _, err := g.Start(ctx); err != nil {
