@@ -102,10 +102,10 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
 	f.DurationVar(&o.stormEvery, "storm-every", 2*time.Second, "time between the storm's membership changes")
 	f.IntVar(&o.pool, "pool", 0, "Postgres connections of the benchmark, shared by the members and the baselines' writers (default postgres.pool_size)")
-	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads")
+	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads ({{now}} and the records' timestamps aside)")
 	f.BoolVar(&o.keep, "keep", false, "leave the runs' schemas for inspection")
 	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
-	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json and results.md")
+	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json, results.md and the throughput plots")
 	f.StringVar(&o.compare, "compare", "", "an earlier results.json: print the difference")
 	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas")
 	return cmd
