@@ -87,7 +87,7 @@ Configuration: a YAML file (--config), ONCEFLOW_* environment variables
 		SilenceErrors: true,
 	}
 	addConfigFlags(root.PersistentFlags())
-	root.AddCommand(newRunCmd(), newServeCmd(), newDemoCmd(), newMigrateCmd(), newAuditCmd(), newProduceCmd(), newReplayCmd(), newTraceCmd())
+	root.AddCommand(newRunCmd(), newBenchCmd(), newServeCmd(), newDemoCmd(), newMigrateCmd(), newAuditCmd(), newProduceCmd(), newReplayCmd(), newTraceCmd())
 	return root
 }
 

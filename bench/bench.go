@@ -1,0 +1,368 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/onceflow/onceflow/processor"
+)
+
+// RunResult is one measured run: a scenario or a baseline, one round.
+type RunResult struct {
+	Name   string `json:"name"`
+	Round  int    `json:"round"`
+	Schema string `json:"schema"`
+	// Events are the unique events applied; Records the records read
+	// (with the redeliveries, and for replay the half read twice).
+	Events       int     `json:"events"`
+	Records      int     `json:"records"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	// ExactlyOnce: every unique event claimed once per handler, no dead
+	// letter, the written tables as effects-only left them. Problems
+	// says what was not.
+	ExactlyOnce bool                  `json:"exactly_once"`
+	Problems    []string              `json:"problems,omitempty"`
+	Tables      map[string]TableState `json:"tables,omitempty"`
+	Series      []Sample              `json:"series,omitempty"`
+	Changes     []Change              `json:"changes,omitempty"`
+	// Consumer is the members' counters summed (scenarios only): where
+	// a run's time goes starts with its batches' sizes and its skips.
+	Consumer *ConsumerStats `json:"consumer,omitempty"`
+}
+
+// ConsumerStats are a scenario run's members' counters, summed.
+type ConsumerStats struct {
+	RecordsConsumed int64   `json:"records_consumed"`
+	Batches         int64   `json:"batches"`
+	MeanBatch       float64 `json:"mean_batch_records"`
+	Applied         int64   `json:"applied"` // (event, handler) pairs
+	SkippedLRU      int64   `json:"skipped_lru"`
+	SkippedPostgres int64   `json:"skipped_postgres"`
+}
+
+func consumerStats(s processor.Stats) *ConsumerStats {
+	c := &ConsumerStats{RecordsConsumed: s.RecordsConsumed, Batches: s.Batches, Applied: s.Applied,
+		SkippedLRU: s.SkippedLRU, SkippedPostgres: s.SkippedPostgres}
+	if s.Batches > 0 {
+		c.MeanBatch = float64(s.RecordsConsumed) / float64(s.Batches)
+	}
+	return c
+}
+
+// Results are a benchmark's runs and its summary.
+type Results struct {
+	Started  time.Time   `json:"started"`
+	Settings Settings    `json:"settings"`
+	Runs     []RunResult `json:"runs"`
+	// Summary has one line per scenario and baseline: the median run's
+	// rate and its ratios to the baselines.
+	Summary []Line `json:"summary"`
+	// Price is 1 − steady/effects-only (a share; NaN-free: 0 when either
+	// is missing, with HasPrice false).
+	Price    float64 `json:"price_of_exactly_once"`
+	HasPrice bool    `json:"has_price"`
+}
+
+// Settings are what a run measured, for the report and for comparing.
+type Settings struct {
+	Topic      string   `json:"topic"`
+	Payloads   string   `json:"payloads"`
+	Handlers   []string `json:"handlers"`
+	Tables     []string `json:"tables"`
+	Events     int      `json:"events"`
+	Records    int      `json:"records"`
+	Duplicates float64  `json:"duplicates"`
+	Partitions int      `json:"partitions"`
+	Members    int      `json:"members"`
+	Rounds     int      `json:"rounds"`
+	BatchMax   int      `json:"batch_max_records"`
+	PoolSize   int      `json:"pool_size"`
+	Kafka      string   `json:"kafka"` // "embedded kfake" or the brokers
+}
+
+// Line is one scenario's or baseline's result.
+type Line struct {
+	Name         string    `json:"name"`
+	EventsPerSec float64   `json:"events_per_sec"` // the median run's
+	Rounds       []float64 `json:"rounds"`         // every round's
+	VsEffects    float64   `json:"vs_effects_only,omitempty"`
+	VsRawCopy    float64   `json:"vs_raw_copy,omitempty"`
+	ExactlyOnce  bool      `json:"exactly_once"`
+}
+
+// benchRun is one call of Run's state.
+type benchRun struct {
+	cfg   Config
+	iso   *Isolation
+	kafka *kafkaTopic
+	recs  *streamRecords
+	line  *progressLine
+	names []string // the handlers'
+	id    string   // in the groups' and schemas' names: never reused, on any cluster or database
+	ref   map[string]TableState
+	mu    sync.Mutex
+}
+
+// Run benchmarks cfg's handlers (see the package doc): it generates the
+// stream, isolates the handlers' tables (a *RefusedError when it cannot),
+// produces the stream once, then runs, round by round, effects-only,
+// raw-copy and the scenarios, each in a new schema, and checks each run
+// from its tables. A run that is not exactly once is reported in its
+// Problems and makes Run's error non-nil (with the Results still
+// returned). Schemas are dropped as each run ends unless Keep; the topic
+// it created on Brokers is deleted. Run returns once everything it
+// started has stopped.
+func Run(ctx context.Context, cfg Config) (res *Results, err error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	id := make([]byte, 4)
+	_, _ = rand.Read(id)
+	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: hex.EncodeToString(id)}
+	res = &Results{Started: time.Now().UTC()}
+	hs, err := cfg.Handlers(cfg.Schema + "_probe")
+	if err != nil {
+		return nil, err
+	}
+	if len(hs) == 0 {
+		return nil, errors.New("bench: no handler consumes the topic")
+	}
+	for _, h := range hs {
+		b.names = append(b.names, h.Name())
+	}
+	if b.iso, err = Isolate(ctx, cfg.Pool, hs, cfg.Migrate); err != nil {
+		return nil, err
+	}
+	s, err := Generate(cfg.Payloads, GenerateConfig{Events: cfg.Events, Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Seed: cfg.Seed})
+	if err != nil {
+		return nil, err
+	}
+	if b.kafka, err = openKafka(ctx, cfg); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := b.kafka.close(context.WithoutCancel(ctx)); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+	if b.recs, err = records(s, b.kafka.topic, cfg.Consumer.Decode); err != nil {
+		return nil, err
+	}
+	batch := cfg.Consumer.BatchMaxRecords
+	if batch == 0 {
+		batch = 1000 // processor.DefaultBatchMaxRecords
+	}
+	kafka := "embedded kfake"
+	if len(cfg.Brokers) > 0 {
+		kafka = fmt.Sprint(cfg.Brokers)
+	}
+	res.Settings = Settings{Topic: b.kafka.topic, Payloads: cfg.Payloads.String(), Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
+		Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
+		BatchMax: batch, PoolSize: cfg.PoolSize, Kafka: kafka}
+	for _, t := range b.iso.Tables() {
+		res.Settings.Tables = append(res.Settings.Tables, name(t))
+	}
+	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s); handlers %v\n",
+		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, b.names)
+	if len(res.Settings.Tables) > 0 {
+		fmt.Fprintf(cfg.Progress, "  your tables %v are cloned empty into schemas %s_*; they are not written\n", res.Settings.Tables, cfg.Schema)
+	}
+	t0 := time.Now()
+	if err := b.kafka.produce(ctx, b.recs.recs); err != nil {
+		return nil, err
+	}
+	b.recs.produced()
+	fmt.Fprintf(cfg.Progress, "  produced %d records in %.1fs\n", len(b.recs.recs), time.Since(t0).Seconds())
+
+	var failed []string
+	for round := 1; round <= cfg.Rounds; round++ {
+		var names []string
+		names = append(names, EffectsOnly) // always: the tables' reference
+		if !cfg.NoRawCopy {
+			names = append(names, RawCopy)
+		}
+		names = append(names, cfg.Scenarios...)
+		for _, n := range names {
+			r, err := b.run(ctx, n, round)
+			if err != nil {
+				return res, err
+			}
+			res.Runs = append(res.Runs, *r)
+			if !r.ExactlyOnce {
+				failed = append(failed, fmt.Sprintf("%s round %d: %v", n, round, r.Problems))
+			}
+		}
+	}
+	summarize(res)
+	if len(failed) > 0 {
+		return res, fmt.Errorf("bench: not exactly once:\n  %s", joinLines(failed))
+	}
+	return res, nil
+}
+
+// run runs one scenario or baseline in a schema of its own.
+func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, err error) {
+	// The id keeps two benchmarks on one database, at once or one after
+	// a --keep, apart; Create fails on a schema that exists.
+	schema := fmt.Sprintf("%s_%s_%s_r%d", b.cfg.Schema, b.id, schemaWord(n), round)
+	pool, err := b.iso.Create(ctx, schema, b.cfg.PoolSize)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	defer func() {
+		if !b.cfg.Keep {
+			err = errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
+		}
+	}()
+	r := &RunResult{Name: n, Round: round, Schema: schema, Events: len(b.recs.events), Records: len(b.recs.recs)}
+	label := fmt.Sprintf("%s (round %d)", n, round)
+	// A run lasts from its start (the members' start: their joining the
+	// group included) to its last batch's COMMIT, or the baseline's last.
+	start := time.Now()
+	var stop time.Time
+	switch n {
+	case EffectsOnly, RawCopy:
+		hs, err := b.cfg.Handlers(schema)
+		if err != nil {
+			return nil, err
+		}
+		batch := b.cfg.Consumer.BatchMaxRecords
+		if batch == 0 {
+			batch = 1000
+		}
+		b.line.set("  %s: %d unique events, %d per transaction, %d writers", label, len(b.recs.events), batch, b.cfg.PoolSize)
+		r.Records = len(b.recs.events)
+		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
+			b.line.done("  %s: failed", label)
+			return nil, fmt.Errorf("%s: %w (the baseline applies the payloads directly: they must apply without error)", n, err)
+		}
+	case Steady, Storm:
+		var st groupStats
+		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id),
+			int64(len(b.recs.recs)), start, label, &r.Series, &r.Changes, n == Storm, &st)
+		if err != nil {
+			b.line.done("  %s: failed", label)
+			return nil, err
+		}
+		stop = end
+		r.Consumer = consumerStats(st.members)
+	case Replay:
+		// Half-way (once half the records are committed: a little more
+		// on a small run), the group stops; a group without stored
+		// offsets then reads the topic from its start: what the first
+		// read applied must apply nothing again.
+		var st groupStats // both groups': the second applies nothing
+		half, _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-1", round, b.id),
+			int64(len(b.recs.recs)/2), start, label+" first half", &r.Series, &r.Changes, false, &st)
+		if err != nil {
+			b.line.done("  %s: failed", label)
+			return nil, err
+		}
+		r.Changes = append(r.Changes, Change{Seconds: time.Since(start).Seconds(), What: "restart"})
+		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-2", round, b.id),
+			int64(len(b.recs.recs)), start, label+" from the start", &r.Series, &r.Changes, false, &st)
+		if err != nil {
+			b.line.done("  %s: failed", label)
+			return nil, err
+		}
+		r.Records = len(b.recs.recs) + int(half)
+		stop = end
+		r.Consumer = consumerStats(st.members)
+	}
+	if stop.IsZero() {
+		stop = time.Now()
+	}
+	el := stop.Sub(start)
+
+	r.Seconds = el.Seconds()
+	r.EventsPerSec = float64(r.Events) / r.Seconds
+	written := b.iso.writtenTables()
+	if r.Tables, err = effects(ctx, pool, schema, written); err != nil {
+		return nil, err
+	}
+	ref := b.ref
+	if n == EffectsOnly && b.ref == nil {
+		b.ref, ref = r.Tables, nil
+	}
+	if r.Problems, err = check(ctx, pool, schema, b.names, len(b.recs.events), n != EffectsOnly, r.Tables, ref); err != nil {
+		return nil, err
+	}
+	r.ExactlyOnce = len(r.Problems) == 0
+	verdict := "exactly once"
+	if !r.ExactlyOnce {
+		verdict = "NOT EXACTLY ONCE: " + joinLines(r.Problems)
+	}
+	b.line.done("  %s: %.0f events/s (%d events in %.1fs); %s", label, r.EventsPerSec, r.Events, r.Seconds, verdict)
+	return r, nil
+}
+
+// schemaWord is a run's name as a schema name's part.
+func schemaWord(n string) string {
+	switch n {
+	case EffectsOnly:
+		return "effects_only"
+	case RawCopy:
+		return "raw_copy"
+	}
+	return n
+}
+
+func joinLines(ps []string) string {
+	out := ""
+	for i, p := range ps {
+		if i > 0 {
+			out += "; "
+		}
+		out += p
+	}
+	return out
+}
+
+// summarize fills res.Summary and the price from its runs: per name, the
+// median round.
+func summarize(res *Results) {
+	var order []string
+	by := map[string][]RunResult{}
+	for _, r := range res.Runs {
+		if _, ok := by[r.Name]; !ok {
+			order = append(order, r.Name)
+		}
+		by[r.Name] = append(by[r.Name], r)
+	}
+	med := map[string]float64{}
+	for _, n := range order {
+		rs := by[n]
+		l := Line{Name: n, ExactlyOnce: true}
+		var rates []float64
+		for _, r := range rs {
+			l.Rounds = append(l.Rounds, r.EventsPerSec)
+			rates = append(rates, r.EventsPerSec)
+			l.ExactlyOnce = l.ExactlyOnce && r.ExactlyOnce
+		}
+		slices.Sort(rates)
+		l.EventsPerSec = rates[(len(rates)-1)/2]
+		med[n] = l.EventsPerSec
+		res.Summary = append(res.Summary, l)
+	}
+	for i := range res.Summary {
+		l := &res.Summary[i]
+		if e := med[EffectsOnly]; e > 0 {
+			l.VsEffects = l.EventsPerSec / e
+		}
+		if c := med[RawCopy]; c > 0 {
+			l.VsRawCopy = l.EventsPerSec / c
+		}
+	}
+	if s, e := med[Steady], med[EffectsOnly]; s > 0 && e > 0 {
+		res.Price, res.HasPrice = 1-s/e, true
+	}
+}

@@ -1,0 +1,28 @@
+// Package bench load-benchmarks a pipeline's own handlers, as `onceflow
+// bench` runs them: a generated stream of the user's payloads is consumed
+// by a consumer group of package pipeline members — the pipeline `onceflow
+// run` is — while the group keeps still (steady), rebalances (storm) or
+// re-reads half of the topic (replay), and the same unique events are
+// written by the handlers directly (the effects-only and raw-copy
+// baselines), so that each scenario's events/s is given with its ratio to
+// both: 1 − steady/effects-only is the price of exactly-once.
+//
+// The steps, in the order a run takes them:
+//
+//   - payloads: a sample of JSON lines ([ParseSample]) or a template
+//     ([ParseTemplate]); [Generate] makes the stream: unique events with
+//     ids, and a share of redeliveries (same id, payload and timestamp),
+//     some on another partition than the first delivery;
+//   - isolation ([Isolate]): every run writes in a schema of its own,
+//     created from the definitions of the tables the handlers write
+//     (CREATE TABLE … (LIKE … INCLUDING ALL)) and first on the handlers'
+//     search_path, with onceflow's own tables beside them; when the
+//     handlers' writes cannot be redirected there, the benchmark refuses
+//     and names the tables. The user's tables are never written;
+//   - the baselines and the scenarios ([Run]), each checked from the
+//     tables: every handler claimed every unique event once, no dead
+//     letter, and the written tables hold what the effects-only baseline
+//     wrote (the same rows, counted and digested);
+//   - the report ([Results]): a table, results.json and results.md, and
+//     the difference with an earlier results.json ([Compare]).
+package bench

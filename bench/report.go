@@ -1,0 +1,196 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteTable writes res's summary as a table, then the price of
+// exactly-once in one line.
+func (res *Results) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "run\tevents/s\tvs effects-only\tvs raw-copy\texactly once\trounds\t\n")
+	for _, l := range res.Summary {
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t\n", l.Name, l.EventsPerSec, ratio(l.VsEffects), ratio(l.VsRawCopy), yes(l.ExactlyOnce), rounds(l.Rounds))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, res.PriceLine())
+	return err
+}
+
+// PriceLine is the price of exactly-once in one line: 1 − steady /
+// effects-only.
+func (res *Results) PriceLine() string {
+	if !res.HasPrice {
+		return "price of exactly-once: not measured (it needs steady and effects-only)"
+	}
+	return fmt.Sprintf("price of exactly-once: 1 − steady/effects-only = %.1f %%", 100*res.Price)
+}
+
+func ratio(r float64) string {
+	if r == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", r)
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
+
+func rounds(rs []float64) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprintf("%.0f", r)
+	}
+	return strings.Join(s, " ")
+}
+
+// WriteFiles writes results.json, results.md and a plot per scenario run
+// (throughput-<scenario>-r<round>.png: records committed per second over
+// time, the membership changes marked) into dir, created if missing.
+// command is the command line, quoted in results.md.
+func (res *Results) WriteFiles(dir, command string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	plots, err := res.writePlots(dir)
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	var md strings.Builder
+	st := res.Settings
+	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
+	fmt.Fprintf(&md, "Payloads: %s. %d unique events, %d records (%.0f %% redeliveries, some on another partition), %d partitions, %d members, "+
+		"batches of at most %d, %d Postgres connections, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s.\n\n",
+		st.Payloads, st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
+		strings.Join(st.Handlers, ", "), orNone(st.Tables))
+	fmt.Fprintf(&md, "| run | events/s | vs effects-only | vs raw-copy | exactly once | rounds |\n|---|---:|---:|---:|---|---|\n")
+	for _, l := range res.Summary {
+		fmt.Fprintf(&md, "| %s | %.0f | %s | %s | %s | %s |\n", l.Name, l.EventsPerSec, ratio(l.VsEffects), ratio(l.VsRawCopy), yes(l.ExactlyOnce), rounds(l.Rounds))
+	}
+	fmt.Fprintf(&md, "\n**%s**\n\n", res.PriceLine())
+	md.WriteString("effects-only: the handlers over the unique events in batches, no dedup rows, no Kafka. " +
+		"raw-copy: the same plus the dedup rows (processed_events) by COPY. " +
+		"Every run is checked from its tables: each unique event claimed once per handler, no dead letter, " +
+		"and the written tables as effects-only left them.\n")
+	var scen []RunResult
+	for _, r := range res.Runs {
+		if r.Consumer != nil {
+			scen = append(scen, r)
+		}
+	}
+	if len(scen) > 0 {
+		md.WriteString("\n| scenario run | records consumed | batches | mean batch | pairs applied | skipped (LRU) | skipped (Postgres) |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range scen {
+			c := r.Consumer
+			fmt.Fprintf(&md, "| %s r%d | %d | %d | %.0f | %d | %d | %d |\n", r.Name, r.Round, c.RecordsConsumed, c.Batches, c.MeanBatch, c.Applied, c.SkippedLRU, c.SkippedPostgres)
+		}
+	}
+	for _, p := range plots {
+		fmt.Fprintf(&md, "\n![%s](%s)\n", p, p)
+	}
+	for _, r := range res.Runs {
+		if len(r.Problems) > 0 {
+			fmt.Fprintf(&md, "\n%s round %d: NOT EXACTLY ONCE: %s\n", r.Name, r.Round, strings.Join(r.Problems, "; "))
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644)
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none (Go handlers' own tables only)"
+	}
+	return strings.Join(s, ", ")
+}
+
+// ReadResults reads a results.json.
+func ReadResults(path string) (*Results, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: not a results.json: %w", path, err)
+	}
+	return &r, nil
+}
+
+// Compare writes, per scenario and baseline in either, the old and new
+// rate and the change; then the price of exactly-once in both, and the
+// settings that differ (a comparison across them measures those too).
+func Compare(w io.Writer, old, cur *Results) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "run\tbefore events/s\tnow events/s\tchange\t\n")
+	seen := map[string]bool{}
+	get := func(r *Results, n string) (float64, bool) {
+		for _, l := range r.Summary {
+			if l.Name == n {
+				return l.EventsPerSec, true
+			}
+		}
+		return 0, false
+	}
+	for _, rs := range []*Results{cur, old} {
+		for _, l := range rs.Summary {
+			if seen[l.Name] {
+				continue
+			}
+			seen[l.Name] = true
+			a, okA := get(old, l.Name)
+			b, okB := get(cur, l.Name)
+			switch {
+			case okA && okB && a > 0:
+				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%+.1f %%\t\n", l.Name, a, b, 100*(b/a-1))
+			case okB:
+				fmt.Fprintf(tw, "%s\t-\t%.0f\t\t\n", l.Name, b)
+			default:
+				fmt.Fprintf(tw, "%s\t%.0f\t-\t\t\n", l.Name, a)
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "before: %s\nnow:    %s\n", old.PriceLine(), cur.PriceLine())
+	a, b := old.Settings, cur.Settings
+	var diff []string
+	add := func(k string, x, y any) {
+		if fmt.Sprint(x) != fmt.Sprint(y) {
+			diff = append(diff, fmt.Sprintf("%s %v → %v", k, x, y))
+		}
+	}
+	add("payloads", a.Payloads, b.Payloads)
+	add("events", a.Events, b.Events)
+	add("duplicates", a.Duplicates, b.Duplicates)
+	add("partitions", a.Partitions, b.Partitions)
+	add("members", a.Members, b.Members)
+	add("batch_max_records", a.BatchMax, b.BatchMax)
+	add("pool", a.PoolSize, b.PoolSize)
+	add("kafka", a.Kafka, b.Kafka)
+	add("handlers", a.Handlers, b.Handlers)
+	if len(diff) > 0 {
+		fmt.Fprintf(w, "settings that differ: %s\n", strings.Join(diff, ", "))
+	}
+	return nil
+}

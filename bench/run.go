@@ -1,0 +1,330 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/migrate"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
+)
+
+// Scenario names, and the baselines'.
+const (
+	Steady      = "steady"
+	Storm       = "storm"
+	Replay      = "replay"
+	EffectsOnly = "effects-only"
+	RawCopy     = "raw-copy"
+)
+
+// Config configures Run. Zero values take the defaults noted.
+type Config struct {
+	// Pool is the user's database (required). Run creates its schemas
+	// through it and reads the user's tables' definitions; it writes no
+	// table of the user's. Run does not close it.
+	Pool *pgxpool.Pool
+	// Handlers builds the handlers for a schema (required): Go handlers
+	// write their tables there, SQL handlers resolve their tables on the
+	// search_path, which Run begins with that schema. They must consume
+	// Topic (a SQL handler with topics of its own would skip the stream).
+	Handlers func(schema string) ([]sink.Handler, error)
+	// Migrate creates the Go handlers' tables in a schema; nil when there
+	// are only SQL handlers.
+	Migrate migrate.Func
+	// Consumer and Writer tune the members, as pipeline.Config's do
+	// (batching, decoding, Parse...); their own fields (brokers, topics,
+	// group, schema, handlers, logger) are Run's.
+	Consumer processor.Config
+	Writer   sink.Config
+	// LRUSize of each member's dedup cache, as pipeline.Config.LRUSize
+	// (negative disables it); PoolSize is the connections of the
+	// benchmark's pool, shared by the members and by the baselines'
+	// writers (default 4).
+	LRUSize  int
+	PoolSize int
+
+	// Brokers: a real Kafka, where Run creates a topic of its own and
+	// deletes it at the end (never a topic of the configuration); empty:
+	// an embedded kfake cluster. KafkaOptions are the clients' security
+	// options for Brokers.
+	Brokers      []string
+	KafkaOptions []kgo.Opt
+	// Topic is the topic the stream stands for (required): the embedded
+	// cluster's topic is so named, and the handlers see it as events'
+	// topic; with Brokers, the topic is Topic-bench-<random>.
+	Topic string
+
+	Payloads   *Payloads // required
+	Events     int       // unique events per run; default 100000
+	Duplicates float64   // redeliveries per event, 0 to 1
+	Partitions int       // default 12
+	Members    int       // group members at once; default 3
+	Scenarios  []string  // of Steady, Storm, Replay; default all three
+	Rounds     int       // each run this many times, the median reported; default 1
+	// StormEvery is the time between a storm's membership changes
+	// (every third a crash); default 2s.
+	StormEvery time.Duration
+	Seed       uint64
+	// Schema prefixes the schemas of the runs
+	// (<Schema>_<random>_<run>_r<round>, the random part the same for
+	// every run of one call); default "onceflow_bench". Keep leaves them
+	// after the run.
+	Schema string
+	Keep   bool
+	// NoRawCopy skips the raw-copy baseline; effects-only always runs
+	// (it is the reference the runs' tables are checked against).
+	NoRawCopy bool
+
+	Progress io.Writer    // the progress lines; nil discards
+	Logger   *slog.Logger // the members' logs; nil discards
+}
+
+func (c Config) withDefaults() Config {
+	if c.Events == 0 {
+		c.Events = 100000
+	}
+	if c.Partitions == 0 {
+		c.Partitions = 12
+	}
+	if c.Members == 0 {
+		c.Members = 3
+	}
+	if len(c.Scenarios) == 0 {
+		c.Scenarios = []string{Steady, Storm, Replay}
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
+	}
+	if c.StormEvery == 0 {
+		c.StormEvery = 2 * time.Second
+	}
+	if c.Schema == "" {
+		c.Schema = "onceflow_bench"
+	}
+	if c.PoolSize == 0 {
+		c.PoolSize = 4
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate returns every problem with c (after defaults), each naming
+// its field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var ps []error
+	bad := func(format string, a ...any) { ps = append(ps, fmt.Errorf("bench: "+format, a...)) }
+	if c.Pool == nil {
+		bad("no Pool")
+	}
+	if c.Handlers == nil {
+		bad("no Handlers")
+	}
+	if c.Payloads == nil {
+		bad("no Payloads: a sample or a template")
+	}
+	if c.Topic == "" {
+		bad("no Topic")
+	}
+	if c.Events < 1 {
+		bad("Events %d: at least 1", c.Events)
+	}
+	if c.Duplicates < 0 || c.Duplicates > 1 {
+		bad("Duplicates %g: a share from 0 to 1", c.Duplicates)
+	}
+	if c.Partitions < 1 {
+		bad("Partitions %d: at least 1", c.Partitions)
+	}
+	if c.Members < 1 {
+		bad("Members %d: at least 1", c.Members)
+	}
+	if c.Rounds < 1 {
+		bad("Rounds %d: at least 1", c.Rounds)
+	}
+	if c.PoolSize < 1 {
+		bad("PoolSize %d: at least 1", c.PoolSize)
+	}
+	for i, s := range c.Scenarios {
+		if !slices.Contains([]string{Steady, Storm, Replay}, s) {
+			bad("unknown scenario %q (steady, storm, replay)", s)
+		}
+		if slices.Contains(c.Scenarios[:i], s) {
+			bad("scenario %q listed twice (Rounds repeats runs)", s)
+		}
+	}
+	if !validSchemaPrefix(c.Schema) {
+		bad("Schema %q: lower-case letters, digits and _ only, starting with a letter, at most 30", c.Schema)
+	}
+	d := c.Consumer.Decode
+	switch {
+	case d.Format != "" && d.Format != processor.FormatJSON && d.Format != processor.FormatBytes:
+		bad("decode.format %s: bench generates JSON payloads (json or bytes)", d.Format)
+	case d.IDSource == processor.IDFromOffset:
+		bad("decode.event_id_source offset: a redelivery at another offset would be another event; bench needs ids it can redeliver (header, field or key)")
+	case (d.IDSource == processor.IDFromField || (d.IDSource == "" && d.IDField != "")) && d.Format == processor.FormatBytes:
+		bad("decode.event_id_source field needs decode.format json")
+	}
+	return errors.Join(ps...)
+}
+
+func validSchemaPrefix(s string) bool {
+	if s == "" || len(s) > 30 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// record is one generated record as produced, and the event it carries
+// as the baselines give it to the handlers.
+type streamRecords struct {
+	recs   []*kgo.Record // in production order
+	events []sink.Event  // the unique events, for the baselines
+	first  []int         // per event, its first delivery's index in recs
+}
+
+// produced sets each event's Offset to its first delivery's, once recs
+// are produced (the client set their offsets).
+func (s *streamRecords) produced() {
+	for e, i := range s.first {
+		s.events[e].Offset = s.recs[i].Offset
+	}
+}
+
+// records makes the Kafka records of s for topic: the id where the
+// decoder reads it (header, key or a top-level field of the JSON value),
+// the event's timestamp, the record's partition.
+func records(s *Stream, topic string, d processor.DecodeConfig) (*streamRecords, error) {
+	src := d.IDSource
+	if src == "" {
+		src = processor.IDFromHeader
+		if d.IDField != "" {
+			src = processor.IDFromField
+		}
+	}
+	header := d.IDHeader
+	if header == "" {
+		header = processor.HeaderEventID
+	}
+	out := &streamRecords{events: make([]sink.Event, len(s.Events)), first: make([]int, len(s.Events))}
+	values := make([][]byte, len(s.Events))
+	for i, e := range s.Events {
+		v := e.Value
+		if src == processor.IDFromField {
+			var m map[string]json.RawMessage
+			if err := json.Unmarshal(v, &m); err != nil || m == nil {
+				return nil, fmt.Errorf("decode.event_id_field %s: payload %d is not a JSON object, so bench cannot put the id in it", d.IDField, i+1)
+			}
+			m[d.IDField], _ = json.Marshal(e.ID.String())
+			v, _ = json.Marshal(m)
+		}
+		values[i] = v
+		ev := sink.Event{ID: e.ID, Value: v, Topic: topic, Partition: e.Partition, Offset: -1, Timestamp: e.Timestamp}
+		switch src {
+		case processor.IDFromHeader:
+			ev.Headers = []sink.Header{{Key: header, Value: []byte(e.ID.String())}}
+		case processor.IDFromKey:
+			ev.Key = []byte(e.ID.String())
+		}
+		out.events[i] = ev
+	}
+	for i, r := range s.Records {
+		if !r.Redelivery {
+			out.first[r.Event] = i
+		}
+		ev := out.events[r.Event]
+		rec := &kgo.Record{Topic: topic, Partition: r.Partition, Value: values[r.Event], Key: ev.Key, Timestamp: ev.Timestamp}
+		for _, h := range ev.Headers {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		out.recs = append(out.recs, rec)
+	}
+	return out, nil
+}
+
+// uniqueIDs is the set of the stream's ids (for checks).
+func uniqueIDs(evs []sink.Event) map[uuid.UUID]bool {
+	m := make(map[uuid.UUID]bool, len(evs))
+	for _, e := range evs {
+		m[e.ID] = true
+	}
+	return m
+}
+
+// progressLine is the progress of a run: on a terminal, one line
+// rewritten in place; elsewhere (a file, a pipe, a CI log), a line every
+// 5 seconds and the last.
+type progressLine struct {
+	mu   sync.Mutex
+	w    io.Writer
+	tty  bool
+	n    int       // length of the last line, on a terminal
+	last time.Time // of the last line written, elsewhere
+}
+
+func newProgressLine(w io.Writer) *progressLine {
+	p := &progressLine{w: w}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progressLine) set(format string, a ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.write(false, format, a...)
+}
+
+func (p *progressLine) write(final bool, format string, a ...any) {
+	s := fmt.Sprintf(format, a...)
+	if !p.tty {
+		if final || time.Since(p.last) >= 5*time.Second {
+			fmt.Fprintln(p.w, s)
+			p.last = time.Now()
+		}
+		return
+	}
+	pad := ""
+	if len(s) < p.n {
+		pad = strings.Repeat(" ", p.n-len(s))
+	}
+	fmt.Fprintf(p.w, "\r%s%s", s, pad)
+	p.n = len(s)
+	if final {
+		fmt.Fprintln(p.w)
+		p.n = 0
+	}
+}
+
+// done writes the run's last line.
+func (p *progressLine) done(format string, a ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.write(true, format, a...)
+	p.last = time.Time{}
+}

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/bench"
+	"github.com/onceflow/onceflow/internal/config"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
+)
+
+type benchOptions struct {
+	sample, template string
+	events           int
+	duplicates       float64
+	partitions       int
+	members          int
+	scenarios        []string
+	rounds           int
+	brokers          string
+	topic            string
+	stormEvery       time.Duration
+	pool             int
+	seed             uint64
+	keep             bool
+	noRawCopy        bool
+	out              string
+	compare          string
+	schema           string
+}
+
+// brokersFromConfig is --brokers given alone: the config's kafka.brokers.
+const brokersFromConfig = "config"
+
+func newBenchCmd() *cobra.Command {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:   "bench --config FILE (--sample FILE.jsonl | --template FILE.json)",
+		Short: "Load-benchmark the config's handlers: events/s under steady, storm and replay, against writing the rows directly",
+		Long: `bench runs the config's handlers (sql_handlers, and handlers) over a generated
+stream through the pipeline run uses, in a consumer group of --members
+members, and measures unique events per second in each scenario:
+
+  steady   the group keeps still
+  storm    a member joins and one leaves every --storm-every (every third a crash)
+  replay   half-way the group stops, and a group with no stored offsets reads
+           the topic again from its start: what was applied must apply nothing
+
+and, on the same unique events, two baselines: effects-only (the handlers
+over the events in batches, no dedup rows, no Kafka: your rows written
+directly) and raw-copy (effects-only plus the dedup rows by COPY). The report
+gives each as events/s and as ratios to both, and the price of exactly-once:
+1 − steady/effects-only. Every run is checked from its tables: each unique
+event claimed once per handler, no dead letter, and the written tables
+holding what effects-only wrote.
+
+Payloads come from --sample (JSON lines, used in turn) or --template (a JSON
+document whose strings may hold {{uuid}}, {{event_id}}, {{seq}},
+{{int MIN MAX}}, {{decimal MIN MAX SCALE}}, {{choice 'A' 'B'}}, {{now}},
+{{timestamp FROM TO}}, {{string FUNC ARGS}}). --duplicates of the events are
+delivered again (same id and payload), a third of those on another partition.
+
+Your tables are never written: each run has a schema of its own
+(--schema_<run>_r<round>) holding empty clones of the tables the SQL handlers
+write (CREATE TABLE … (LIKE … INCLUDING ALL)), first on the search_path of
+the benchmark's connections, with onceflow's tables and the Go handlers'.
+When a handler's writes cannot be redirected there (a schema-qualified
+table, a trigger, a rule, a volatile function of yours) bench refuses and
+names them. The schemas are dropped at the end; --keep leaves them.
+
+Kafka: an embedded kfake by default. --brokers alone uses the config's
+kafka.brokers (over kafka.tls and kafka.sasl), --brokers=HOST:PORT,...
+others; on them bench creates a topic of its own and deletes it at the end,
+never the config's topics.
+
+Output: a progress line on stderr, the table on stdout, results.json and
+results.md in --out; --compare OLD/results.json prints the difference.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.sample, "sample", "", "payloads: a file of JSON lines, used in turn")
+	f.StringVar(&o.template, "template", "", "payloads: a JSON template ({{int 1 100}}, {{decimal 0.01 999.99 2}}, ...; see --help)")
+	f.IntVar(&o.events, "events", 100000, "unique events per run")
+	f.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries per event, 0 to 1")
+	f.IntVar(&o.partitions, "partitions", 12, "partitions of the benchmark's topic")
+	f.IntVar(&o.members, "members", 3, "group members at once")
+	f.StringSliceVar(&o.scenarios, "scenarios", []string{bench.Steady, bench.Storm, bench.Replay}, "scenarios: steady, storm, replay")
+	f.IntVar(&o.rounds, "rounds", 1, "run everything this many times and report the median")
+	f.StringVar(&o.brokers, "brokers", "", "a real Kafka: alone, the config's kafka.brokers; =HOST:PORT,... others (default: embedded kfake)")
+	f.Lookup("brokers").NoOptDefVal = brokersFromConfig
+	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
+	f.DurationVar(&o.stormEvery, "storm-every", 2*time.Second, "time between the storm's membership changes")
+	f.IntVar(&o.pool, "pool", 0, "Postgres connections of the benchmark, shared by the members and the baselines' writers (default postgres.pool_size)")
+	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads ({{now}} and the records' timestamps aside)")
+	f.BoolVar(&o.keep, "keep", false, "leave the runs' schemas for inspection")
+	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
+	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json, results.md and the throughput plots")
+	f.StringVar(&o.compare, "compare", "", "an earlier results.json: print the difference")
+	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas")
+	return cmd
+}
+
+// benchBinds are the config flags of bench: all but --brokers, which is
+// bench's own.
+var benchBinds = slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool { return f.Name == "brokers" })
+
+func runBench(cmd *cobra.Command, o benchOptions) error {
+	var ps []error
+	switch {
+	case o.sample == "" && o.template == "":
+		ps = append(ps, errors.New("no payloads: give --sample FILE.jsonl or --template FILE.json"))
+	case o.sample != "" && o.template != "":
+		ps = append(ps, errors.New("--sample and --template: give one"))
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"events", o.events}, {"partitions", o.partitions}, {"members", o.members}, {"rounds", o.rounds}} {
+		if f.v < 1 {
+			ps = append(ps, fmt.Errorf("--%s %d: at least 1", f.name, f.v))
+		}
+	}
+	if o.compare != "" {
+		if _, err := os.Stat(o.compare); err != nil {
+			ps = append(ps, fmt.Errorf("--compare: %w", err))
+		}
+	}
+	if err := errors.Join(ps...); err != nil {
+		return err
+	}
+	a, err := loadBinding(cmd, benchBinds)
+	if err != nil {
+		return err
+	}
+	path, isTemplate := o.sample, false
+	if o.template != "" {
+		path, isTemplate = o.template, true
+	}
+	payloads, err := bench.LoadPayloads(path, isTemplate)
+	if err != nil {
+		return err
+	}
+	topic := o.topic
+	if topic == "" && len(a.cfg.Kafka.Topics) > 0 {
+		topic = a.cfg.Kafka.Topics[0]
+	}
+	var brokers []string
+	switch o.brokers {
+	case "":
+	case brokersFromConfig:
+		brokers = a.cfg.Kafka.Brokers
+	default:
+		brokers = strings.Split(o.brokers, ",")
+	}
+	pool, err := a.openPool(cmd.Context(), 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	size := o.pool
+	if size == 0 {
+		size = a.cfg.Postgres.PoolSize
+	}
+	handlers, skipped, err := a.benchHandlers(topic)
+	if err != nil {
+		return err
+	}
+	for _, s := range skipped {
+		fmt.Fprintf(cmd.ErrOrStderr(), "onceflow bench: handler %s does not consume %s: left out\n", s, topic)
+	}
+	cc := a.consumerTuning("onceflow-bench")
+	cc.KafkaOptions = nil
+	lru := a.cfg.Dedup.LRUSize
+	if lru == 0 {
+		lru = -1
+	}
+	cfg := bench.Config{
+		Pool: pool, Handlers: handlers, Migrate: registry.migrator(a.cfg.Handlers),
+		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size,
+		Brokers: brokers, Topic: topic, Payloads: payloads,
+		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
+		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, Seed: o.seed,
+		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
+		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
+	}
+	if len(brokers) > 0 {
+		cfg.KafkaOptions = a.kafkaSecurity
+	}
+	res, runErr := bench.Run(cmd.Context(), cfg)
+	if res == nil || len(res.Summary) == 0 {
+		return runErr
+	}
+	out := cmd.OutOrStdout()
+	fmt.Fprintln(out)
+	if err := res.WriteTable(out); err != nil {
+		return err
+	}
+	if err := res.WriteFiles(o.out, "onceflow "+strings.Join(os.Args[1:], " ")); err != nil {
+		return errors.Join(runErr, fmt.Errorf("--out: %w", err))
+	}
+	fmt.Fprintf(out, "results: %s/results.json, %s/results.md\n", o.out, o.out)
+	if o.keep {
+		fmt.Fprintf(out, "kept schemas: %s\n", keptSchemas(res))
+	}
+	if o.compare != "" {
+		old, err := bench.ReadResults(o.compare)
+		if err != nil {
+			return errors.Join(runErr, err)
+		}
+		fmt.Fprintf(out, "\ncompared with %s:\n", o.compare)
+		if err := bench.Compare(out, old, res); err != nil {
+			return errors.Join(runErr, err)
+		}
+	}
+	return runErr
+}
+
+// benchHandlers returns the handlers of the config that consume topic,
+// built for a schema, and the names of those left out. sql_handlers
+// with topics are rebuilt without them: the stream is topic's, whatever
+// the benchmark's topic is called.
+func (a *app) benchHandlers(topic string) (func(schema string) ([]sink.Handler, error), []string, error) {
+	var skipped []string
+	var sqls []sink.SQLHandlerConfig
+	for _, c := range a.cfg.SQLHandlers {
+		if len(c.Topics) > 0 && !slices.Contains(c.Topics, topic) {
+			skipped = append(skipped, c.Name)
+			continue
+		}
+		sqls = append(sqls, sink.SQLHandlerConfig{Name: c.Name, SQL: c.SQL, RawValues: a.cfg.Decode.Format == string(processor.FormatBytes)})
+	}
+	build := func(schema string) ([]sink.Handler, error) {
+		hs, err := registry.build(schema, a.cfg.Handlers)
+		if err != nil {
+			return nil, err
+		}
+		hs = slices.DeleteFunc(hs, func(h sink.Handler) bool {
+			f, ok := h.(sink.TopicFilter)
+			return ok && !f.Consumes(topic)
+		})
+		for _, c := range sqls {
+			h, err := sink.NewSQLHandler(c)
+			if err != nil {
+				return nil, err
+			}
+			hs = append(hs, h)
+		}
+		return hs, nil
+	}
+	if _, err := build("onceflow_bench_probe"); err != nil { // builds nothing in Postgres: the config's errors now
+		return nil, nil, err
+	}
+	return build, skipped, nil
+}
+
+// benchLogger is the members' logger: warnings and errors only (their
+// start-up lines would bury the progress), unless log.level is debug.
+func benchLogger(c config.Log) *slog.Logger {
+	if c.Level != "debug" {
+		c.Level = "warn"
+	}
+	return newLogger(c)
+}
+
+func keptSchemas(res *bench.Results) string {
+	var s []string
+	for _, r := range res.Runs {
+		s = append(s, r.Schema)
+	}
+	return strings.Join(s, ", ")
+}
