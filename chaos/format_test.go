@@ -1,0 +1,107 @@
+package main
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/onceflow/onceflow/internal/orders"
+	"github.com/onceflow/onceflow/registry"
+)
+
+func TestResolveFormat(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		seed uint64
+		want string
+	}{
+		{"seed", 28, formatJSON}, {"seed", 1648335418224000, formatJSON}, {"seed", 6188283686042936, formatJSON},
+		{"seed", 29, formatAvro}, {"json", 29, formatJSON}, {"avro", 28, formatAvro},
+	} {
+		got, err := resolveFormat(c.flag, c.seed)
+		if err != nil || got != c.want {
+			t.Errorf("resolveFormat(%q, %d) = %q, %v; want %q", c.flag, c.seed, got, err, c.want)
+		}
+	}
+	if _, err := resolveFormat("protobuf", 1); err == nil {
+		t.Error("resolveFormat(protobuf) took a format chaos does not run")
+	}
+}
+
+// TestAvroWorkload reads an Avro run's records as a member does: every
+// good record decodes to its order, every poison record is refused by the
+// decoder (a DataError naming the schema id where the value names one) or
+// by the handlers, and the oversize poison stays over the decoder's limit.
+func TestAvroWorkload(t *testing.T) {
+	fake := srfake.New()
+	t.Cleanup(fake.Close)
+	w := testWorkload(t, 7)
+	const maxRecord = 1 << 20
+	a, err := setupAvro(t.Context(), &chaosRegistry{url: fake.URL()}, "chaos-orders-t", w, maxRecord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := registry.New(registry.Config{URL: fake.URL(), Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	seen := map[string]int{}
+	for _, recs := range [][]record{w.Records, w.Burst} {
+		for _, r := range recs {
+			seen[r.Kind]++
+			v, err := dec.Decode(t.Context(), registry.Avro, r.Value)
+			var de *registry.DataError
+			switch r.Kind {
+			case kindOrder, kindRedelivery:
+				if err != nil {
+					t.Fatalf("seq %d (%s): %v", r.Seq, r.Kind, err)
+				}
+				o, err := orders.Parse(v)
+				if err != nil || !slices.Equal(o.Items, w.Orders[r.ID].Items) || o.UserID != w.Orders[r.ID].UserID {
+					t.Fatalf("seq %d: decoded %s (%v), want %+v", r.Seq, v, err, w.Orders[r.ID])
+				}
+			case avroUnknownID, avroTruncated, avroCorrupt, avroNotFramed, "empty", "nul", "nul-escape":
+				if !errors.As(err, &de) {
+					t.Fatalf("seq %d (%s): decoded %q, %v; want a dead letter's DataError", r.Seq, r.Kind, v, err)
+				}
+				if r.Kind == avroTruncated || r.Kind == avroCorrupt || r.Kind == avroUnknownID {
+					if !strings.HasPrefix(de.Error(), "schema id ") || de.SchemaID == 0 {
+						t.Errorf("seq %d (%s): reason %q names no schema id", r.Seq, r.Kind, de.Error())
+					}
+				}
+				if r.Kind == avroTruncated && de.SchemaID != a.enc.ID() {
+					t.Errorf("seq %d: schema id %d, want %d", r.Seq, de.SchemaID, a.enc.ID())
+				}
+			case "rejected", "data-error", kindBurst:
+				if err != nil {
+					t.Fatalf("seq %d (%s): %v; the handlers should be the ones to refuse it", r.Seq, r.Kind, err)
+				}
+				if r.Kind == "rejected" {
+					if _, err := orders.Parse(v); err == nil {
+						t.Errorf("seq %d: rejected poison %s parses as an order", r.Seq, v)
+					}
+				}
+			case "over-decoder":
+				if len(r.Value) <= maxRecord {
+					t.Errorf("seq %d: over-decoder poison of %d bytes, not over %d", r.Seq, len(r.Value), maxRecord)
+				}
+			case "no-id", "bad-id", "over-dlq":
+				if err != nil {
+					t.Fatalf("seq %d (%s): %v", r.Seq, r.Kind, err)
+				}
+			default:
+				t.Fatalf("seq %d: kind %q not checked", r.Seq, r.Kind)
+			}
+		}
+	}
+	for _, k := range append(slices.Clone(avroPoison), "bad-json") {
+		if want := k != "bad-json"; (seen[k] > 0) != want {
+			t.Errorf("%d records of kind %s", seen[k], k)
+		}
+	}
+}
