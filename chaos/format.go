@@ -250,7 +250,9 @@ var registryRestartShares = []float64{0.15, 0.4, 0.65, 0.85}
 // 300ms later (it starts again 0.5s after, while the registry is down, so
 // that it must fetch the writer schema from a registry that does not
 // answer), and starts the registry again after 2–6s (drawn from seed).
-// Other faults go on meanwhile. It returns a function that waits for the
+// Other faults go on meanwhile, but not the edge faults (pg-latency,
+// recreate), which have the window to themselves: a restart due during
+// one waits for its end. It returns a function that waits for the
 // restarts to end; ctx ends them early.
 func (c *chaos) registryRestarts(ctx context.Context, a *avroRun) (wait func()) {
 	if a == nil {
@@ -267,12 +269,16 @@ func (c *chaos) registryRestarts(ctx context.Context, a *avroRun) (wait func()) 
 			if !sleepCtx(ctx, time.Until(begin.Add(time.Duration(share*float64(c.o.duration))))) {
 				return
 			}
+			// An edge fault has the window to itself (its checks time it,
+			// and count on no member restarting): wait for it to end.
+			c.edge.Lock()
 			say := func(format string, args ...any) {
 				c.tl.fault("registry restart %d: "+format, append([]any{i + 1}, args...)...)
 			}
 			say("kill -9 the schema registry; start it again in %v (other faults go on meanwhile)", down)
 			if _, err := a.reg.script(ctx, "crash"); err != nil {
 				say("crash: %v", err)
+				c.edge.Unlock()
 				continue
 			}
 			a.restarts++
@@ -285,23 +291,33 @@ func (c *chaos) registryRestarts(ctx context.Context, a *avroRun) (wait func()) 
 					}
 				}
 			}
-			if !sleepCtx(ctx, time.Until(t0.Add(down))) {
+			up := a.restart(ctx, t0, down, say)
+			c.edge.Unlock()
+			if !up {
 				return
-			}
-			for {
-				_, err := a.reg.script(ctx, "start")
-				if err == nil {
-					say("schema registry up again after %v", time.Since(t0).Round(time.Millisecond))
-					break
-				}
-				say("start: %v", err)
-				if !sleepCtx(ctx, time.Second) {
-					return
-				}
 			}
 		}
 	}()
 	return wg.Wait
+}
+
+// restart starts the registry again down after t0, trying until it is
+// up; false when ctx ended first.
+func (a *avroRun) restart(ctx context.Context, t0 time.Time, down time.Duration, say func(string, ...any)) bool {
+	if !sleepCtx(ctx, time.Until(t0.Add(down))) {
+		return false
+	}
+	for {
+		_, err := a.reg.script(ctx, "start")
+		if err == nil {
+			say("schema registry up again after %v", time.Since(t0).Round(time.Millisecond))
+			return true
+		}
+		say("start: %v", err)
+		if !sleepCtx(ctx, time.Second) {
+			return false
+		}
+	}
 }
 
 // formatFailures are an Avro run's own checks on the dead letters: each

@@ -65,7 +65,8 @@ type chaos struct {
 	inc          int // the topic's incarnation: 1 after a recreate
 	lat          *latencyOutcome
 	rec          *recreateOutcome
-	avro         *avroRun // -format avro; nil for json
+	avro         *avroRun   // -format avro; nil for json
+	edge         sync.Mutex // held while an edge fault runs: the other faults wait for it
 }
 
 // incarnation is what tells the recreated topic's rows apart.
@@ -299,8 +300,13 @@ func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 			return
 		}
 		t0 := time.Now()
+		edge := slices.Contains(edgeFaults, f.Kind)
+		if edge {
+			c.edge.Lock() // no registry restart (format.go) during an edge fault
+		}
 		c.apply(ctx, i+1, f)
-		if slices.Contains(edgeFaults, f.Kind) {
+		if edge {
+			c.edge.Unlock()
 			// The faults after an edge fault keep their spacing, rather
 			// than all coming at once when it ends.
 			start = start.Add(time.Since(t0))
