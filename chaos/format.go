@@ -19,31 +19,38 @@ import (
 	"github.com/onceflow/onceflow/registry"
 )
 
-// The records' formats (-format). With avro, every record the workload
-// builds as JSON is published framed for a schema registry (the Confluent
-// wire format) by the writer schema chaosAvroOrder, registered in the
-// run's own registry; the members run with decode.format avro.
+// The records' formats (-format). With avro or protobuf, every record the
+// workload builds as JSON is published framed for a schema registry (the
+// Confluent wire format) by the writer schema chaosAvroOrder or
+// chaosProtoOrder, registered in the run's own registry; the members run
+// with decode.format avro or protobuf.
 const (
-	formatJSON = "json"
-	formatAvro = "avro"
-	formatSeed = "seed" // json for an even seed, avro for an odd one
+	formatJSON     = "json"
+	formatAvro     = "avro"
+	formatProtobuf = "protobuf"
+	formatSeed     = "seed" // see resolveFormat
 )
 
-// resolveFormat reads -format for seed: json, avro, or seed, which picks
-// by the seed's parity so that make chaos, with a new seed each time,
-// runs both. The seeds docs/chaos.md quotes are even: they replay as
-// JSON, as they ran.
+// resolveFormat reads -format for seed: json, avro, protobuf, or seed,
+// which picks by the seed so that make chaos, with a new seed each time,
+// runs all three: json for an even seed; for an odd one, avro when the
+// seed's second bit is 0, protobuf when it is 1. The seeds docs/chaos.md
+// quotes for JSON are even: they replay as they ran.
 func resolveFormat(flagValue string, seed uint64) (string, error) {
 	switch flagValue {
-	case formatJSON, formatAvro:
+	case formatJSON, formatAvro, formatProtobuf:
 		return flagValue, nil
 	case formatSeed, "":
-		if seed%2 == 1 {
+		switch {
+		case seed%2 == 0:
+			return formatJSON, nil
+		case seed>>1%2 == 0:
 			return formatAvro, nil
+		default:
+			return formatProtobuf, nil
 		}
-		return formatJSON, nil
 	}
-	return "", fmt.Errorf("%q: json, avro, or seed (json for an even seed, avro for an odd one)", flagValue)
+	return "", fmt.Errorf("%q: json, avro, protobuf, or seed (json for an even seed; for an odd one, avro or protobuf by its second bit)", flagValue)
 }
 
 // chaosAvroOrder is the writer schema of the seed's order in an Avro run.
@@ -55,15 +62,32 @@ const chaosAvroOrder = `{"type":"record","name":"Order","namespace":"chaos","fie
 	{"name":"items","type":{"type":"array","items":"string"}},
 	{"name":"pad","type":["null","string"],"default":null}]}`
 
-// Avro poison. In an Avro run the bad-json records, whose point (a value
-// the decoder cannot read) JSON syntax no longer makes, become these in
-// turn; the other kinds keep their content, framed (nul and nul-escape: a
-// string holding U+0000, which Postgres cannot store).
+// chaosProtoOrder is the order's Protobuf schema. user_id is an int32
+// (proto3's JSON mapping writes an int64 as a string, which the orders'
+// parser does not take), in a oneof with user_name, which carries the
+// rejected poison's "one" (the handlers, finding no user_id, refuse it);
+// a oneof member is written even when 0, so the poison's user_id 0 stays.
+const chaosProtoOrder = `syntax = "proto3";
+package chaos;
+message Order {
+  oneof user {
+    int32 user_id = 1;
+    string user_name = 4;
+  }
+  repeated string items = 2;
+  string pad = 3;
+}
+`
+
+// Framed poison. In an Avro or Protobuf run the bad-json records, whose
+// point (a value the decoder cannot read) JSON syntax no longer makes,
+// become these in turn; the other kinds keep their content, framed (nul
+// and nul-escape: a string holding U+0000, which Postgres cannot store).
 const (
 	avroUnknownID = "unknown-id" // framed with a schema id the registry does not know
 	avroTruncated = "truncated"  // a good body cut short (its last 3 bytes)
 	avroNotFramed = "not-framed" // the order as JSON text: no magic byte
-	avroCorrupt   = "corrupt"    // a good body whose union branch index is out of range
+	avroCorrupt   = "corrupt"    // a good body made unreadable: Avro, a union branch out of range; Protobuf, wire type 7
 )
 
 var avroPoison = []string{avroUnknownID, avroTruncated, avroNotFramed, avroCorrupt}
@@ -102,9 +126,10 @@ func (r *chaosRegistry) start(ctx context.Context) error {
 	return nil
 }
 
-// avroRun is what an Avro run adds: the registry, the encoder of the
-// order's schema, and what its restarts did.
+// avroRun is what an Avro or Protobuf run adds: the registry, the encoder
+// of the order's schema, and what its restarts did.
 type avroRun struct {
+	kind     registry.Kind
 	reg      *chaosRegistry
 	enc      *registry.Encoder
 	subject  string
@@ -119,15 +144,15 @@ func (c *chaos) startAvro(ctx context.Context, topic string, w *workload) (*avro
 	if err := reg.start(ctx); err != nil {
 		return nil, err
 	}
-	a, err := setupAvro(ctx, reg, topic, w, c.o.maxRecord)
+	a, err := setupAvro(ctx, reg, registry.Kind(c.o.format), topic, w, c.o.maxRecord)
 	if err != nil {
 		if !c.o.keep {
 			reg.script(context.WithoutCancel(ctx), "stop")
 		}
 		return nil, err
 	}
-	c.tl.add("format avro: schema registry %s (%s), the order's schema id %d under subject %s; the bad-json poison is %s in turn",
-		reg.url, reg.dir, a.enc.ID(), a.subject, strings.Join(avroPoison, ", "))
+	c.tl.add("format %s: schema registry %s (%s), the order's schema id %d under subject %s; the bad-json poison is %s in turn",
+		a.kind, reg.url, reg.dir, a.enc.ID(), a.subject, strings.Join(avroPoison, ", "))
 	return a, nil
 }
 
@@ -155,7 +180,7 @@ func (a *avroRun) memberEnv() []string {
 	if a == nil {
 		return nil
 	}
-	return []string{"ONCEFLOW_DECODE_FORMAT=avro", "ONCEFLOW_DECODE_SCHEMA_REGISTRY_URL=" + a.reg.url,
+	return []string{"ONCEFLOW_DECODE_FORMAT=" + string(a.kind), "ONCEFLOW_DECODE_SCHEMA_REGISTRY_URL=" + a.reg.url,
 		"ONCEFLOW_DECODE_SCHEMA_REGISTRY_TIMEOUT=2s"}
 }
 
@@ -164,13 +189,16 @@ func (a *avroRun) memberEnv() []string {
 // framed by it, the bad-json poison made Avro poison (avroPoison in
 // turn). It runs before the ledger is made, so that the ledger, the
 // topic's read-back and the verdict see the records as published.
-func setupAvro(ctx context.Context, reg *chaosRegistry, topic string, w *workload, maxRecordBytes int) (*avroRun, error) {
-	a := &avroRun{reg: reg, subject: topic + "-value"}
+func setupAvro(ctx context.Context, reg *chaosRegistry, kind registry.Kind, topic string, w *workload, maxRecordBytes int) (*avroRun, error) {
+	a := &avroRun{kind: kind, reg: reg, subject: topic + "-value"}
+	src := registry.Source{Kind: kind, Text: chaosAvroOrder}
+	if kind == registry.Protobuf {
+		src.Text = chaosProtoOrder
+	}
 	var err error
-	a.enc, err = registry.NewEncoder(ctx, registry.Config{URL: reg.url, Timeout: 10 * time.Second}, a.subject,
-		registry.Source{Kind: registry.Avro, Text: chaosAvroOrder})
+	a.enc, err = registry.NewEncoder(ctx, registry.Config{URL: reg.url, Timeout: 10 * time.Second}, a.subject, src)
 	if err != nil {
-		return nil, fmt.Errorf("register the order's Avro schema: %w", err)
+		return nil, fmt.Errorf("register the order's %s schema: %w", kind, err)
 	}
 	n := 0
 	for _, recs := range [][]record{w.Records, w.Burst} {
@@ -195,19 +223,24 @@ func (a *avroRun) encode(r *record, n *int, maxRecordBytes int) error {
 		if err != nil {
 			return err
 		}
-		r.Kind, r.Value = kind, avroPoisonValue(kind, good, *n)
+		r.Kind, r.Value = kind, avroPoisonValue(a.kind, kind, good, *n)
 		*n++
 		return nil
 	case "nul":
 		// A raw NUL inside a JSON string is not JSON: say it as \u0000.
 		r.Value = bytes.ReplaceAll(r.Value, []byte{0}, []byte(`\u0000`))
 	}
+	if a.kind == registry.Protobuf && bytes.Contains(r.Value, []byte(`"user_id":"`)) {
+		// The rejected poison's user_id "one" is the oneof's user_name.
+		r.Value = bytes.Replace(r.Value, []byte(`"user_id":"`), []byte(`"user_name":"`), 1)
+	}
 	v, err := a.enc.Encode(r.Value)
 	if err != nil {
 		return err
 	}
 	if r.Kind == "over-decoder" && len(v) <= maxRecordBytes {
-		// Avro is shorter than the JSON it came from: pad it past the limit.
+		// The encoding is shorter than the JSON it came from: pad it past
+		// the limit.
 		var m map[string]any
 		if err := json.Unmarshal(r.Value, &m); err != nil {
 			return err
@@ -222,9 +255,9 @@ func (a *avroRun) encode(r *record, n *int, maxRecordBytes int) error {
 	return nil
 }
 
-// avroPoisonValue makes the Avro poison kind of good, a framed order; i
-// tells the unknown ids apart.
-func avroPoisonValue(kind string, good []byte, i int) []byte {
+// avroPoisonValue makes the poison kind of good, an order framed as
+// format says; i tells the unknown ids apart.
+func avroPoisonValue(format registry.Kind, kind string, good []byte, i int) []byte {
 	v := bytes.Clone(good)
 	switch kind {
 	case avroUnknownID:
@@ -234,7 +267,11 @@ func avroPoisonValue(kind string, good []byte, i int) []byte {
 	case avroNotFramed:
 		v = []byte(fmt.Sprintf(`{"user_id":%d,"items":["SKU-%02d"]}`, 1+i, i%50))
 	case avroCorrupt:
-		v[5] = 0x0a // user_id's union branch 5 (zigzag): the union has 2
+		if format == registry.Protobuf {
+			v[6] = 0x0f // after the message index (one 0 byte): field 1 with wire type 7, which does not exist
+		} else {
+			v[5] = 0x0a // user_id's union branch 5 (zigzag): the union has 2
+		}
 	}
 	return v
 }

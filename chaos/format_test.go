@@ -20,28 +20,35 @@ func TestResolveFormat(t *testing.T) {
 		want string
 	}{
 		{"seed", 28, formatJSON}, {"seed", 1648335418224000, formatJSON}, {"seed", 6188283686042936, formatJSON},
-		{"seed", 29, formatAvro}, {"json", 29, formatJSON}, {"avro", 28, formatAvro},
+		{"seed", 29, formatAvro}, {"seed", 31, formatProtobuf}, {"json", 29, formatJSON}, {"avro", 28, formatAvro},
+		{"protobuf", 28, formatProtobuf},
 	} {
 		got, err := resolveFormat(c.flag, c.seed)
 		if err != nil || got != c.want {
 			t.Errorf("resolveFormat(%q, %d) = %q, %v; want %q", c.flag, c.seed, got, err, c.want)
 		}
 	}
-	if _, err := resolveFormat("protobuf", 1); err == nil {
-		t.Error("resolveFormat(protobuf) took a format chaos does not run")
+	if _, err := resolveFormat("bytes", 1); err == nil {
+		t.Error("resolveFormat(bytes) took a format chaos does not run")
 	}
 }
 
-// TestAvroWorkload reads an Avro run's records as a member does: every
+// TestAvroWorkload reads an Avro or Protobuf run's records as a member does: every
 // good record decodes to its order, every poison record is refused by the
 // decoder (a DataError naming the schema id where the value names one) or
 // by the handlers, and the oversize poison stays over the decoder's limit.
 func TestAvroWorkload(t *testing.T) {
+	for _, kind := range []registry.Kind{registry.Avro, registry.Protobuf} {
+		t.Run(string(kind), func(t *testing.T) { testFramedWorkload(t, kind) })
+	}
+}
+
+func testFramedWorkload(t *testing.T, kind registry.Kind) {
 	fake := srfake.New()
 	t.Cleanup(fake.Close)
 	w := testWorkload(t, 7)
 	const maxRecord = 1 << 20
-	a, err := setupAvro(t.Context(), &chaosRegistry{url: fake.URL()}, "chaos-orders-t", w, maxRecord)
+	a, err := setupAvro(t.Context(), &chaosRegistry{url: fake.URL()}, kind, "chaos-orders-t", w, maxRecord)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +61,7 @@ func TestAvroWorkload(t *testing.T) {
 	for _, recs := range [][]record{w.Records, w.Burst} {
 		for _, r := range recs {
 			seen[r.Kind]++
-			v, err := dec.Decode(t.Context(), registry.Avro, r.Value)
+			v, err := dec.Decode(t.Context(), kind, r.Value)
 			var de *registry.DataError
 			switch r.Kind {
 			case kindOrder, kindRedelivery:

@@ -50,7 +50,7 @@ type options struct {
 	kafkaPort, ctrlPort, pgPort, proxyPort int
 	kafkaDir                               string
 
-	format       string // json or avro (format.go); -format seed resolved
+	format       string // json, avro or protobuf (format.go); -format seed resolved
 	registryPort int    // the chaos schema registry's port (avro)
 	registryDir  string
 }
@@ -103,9 +103,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kafkaDir, "kafka-dir", filepath.Join(os.TempDir(), "onceflow-chaos-kafka"), "the chaos broker's state directory")
 	fs.IntVar(&o.pgPort, "pg-port", 5442, "the chaos Postgres cluster's port (never the shared 5432)")
 	fs.IntVar(&o.proxyPort, "proxy-port", 5443, "the port of the proxy in front of Postgres, which the members use")
-	fs.StringVar(&o.format, "format", formatSeed, "the records' format: json, avro (framed for a schema registry, with Avro poison and registry restarts), or seed: json for an even seed, avro for an odd one")
-	fs.IntVar(&o.registryPort, "registry-port", 28081, "with -format avro: the chaos schema registry's port (never the shared 18081)")
-	fs.StringVar(&o.registryDir, "registry-dir", filepath.Join(os.TempDir(), "onceflow-chaos-schema-registry"), "with -format avro: the chaos schema registry's state directory")
+	fs.StringVar(&o.format, "format", formatSeed, "the records' format: json; avro or protobuf (framed for the run's own schema registry, with framed poison and registry restarts); "+
+		"or seed: json for an even seed, for an odd one avro or protobuf by the seed's second bit")
+	fs.IntVar(&o.registryPort, "registry-port", 28081, "with -format avro or protobuf: the chaos schema registry's port (never the shared 18081)")
+	fs.StringVar(&o.registryDir, "registry-dir", filepath.Join(os.TempDir(), "onceflow-chaos-schema-registry"), "with -format avro or protobuf: the chaos schema registry's state directory")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

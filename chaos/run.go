@@ -65,7 +65,7 @@ type chaos struct {
 	inc          int // the topic's incarnation: 1 after a recreate
 	lat          *latencyOutcome
 	rec          *recreateOutcome
-	avro         *avroRun   // -format avro; nil for json
+	avro         *avroRun   // -format avro or protobuf; nil for json
 	edge         sync.Mutex // held while an edge fault runs: the other faults wait for it
 }
 
@@ -160,7 +160,7 @@ func run(ctx context.Context, o options) (int, error) {
 	if err != nil {
 		return exitSetup, err
 	}
-	if o.format == formatAvro {
+	if o.format != formatJSON {
 		if c.avro, err = c.startAvro(ctx, topic, w); err != nil {
 			return exitSetup, err
 		}
