@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -110,5 +111,41 @@ func testFramedWorkload(t *testing.T, kind registry.Kind) {
 		if want := k != "bad-json"; (seen[k] > 0) != want {
 			t.Errorf("%d records of kind %s", seen[k], k)
 		}
+	}
+}
+
+// formatFailures holds each framed poison's dead letter to the reason the
+// decoder must give, and fails a dead letter the registry being down made.
+func TestFormatFailures(t *testing.T) {
+	fake := srfake.New()
+	t.Cleanup(fake.Close)
+	w := &workload{Records: []record{{Seq: 1, Kind: "bad-json", Value: []byte("x")}}}
+	a, err := setupAvro(t.Context(), &chaosRegistry{url: fake.URL()}, registry.Avro, "chaos-orders-t", w, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := &w.Records[0] // the first bad-json is an unknown id
+	truncated := &record{Kind: avroTruncated}
+	at := func(o int64) pos { return pos{Partition: 0, Offset: o} }
+	e := &expectation{Poison: map[pos]*record{at(1): unknown, at(2): truncated}}
+	good := fmt.Sprintf("schema id %d (subject chaos-orders-t-value): the body is truncated", a.enc.ID())
+	idReason := fmt.Sprintf("schema id %d: the schema registry does not know this schema id", unknownSchemaID)
+	for _, c := range []struct {
+		name string
+		dl   map[pos]deadLetter
+		want int
+	}{
+		{"reasons as the decoder gives them", map[pos]deadLetter{at(1): {Count: 1, Reason: idReason}, at(2): {Count: 1, Reason: good}}, 0},
+		{"the unknown id not named", map[pos]deadLetter{at(1): {Count: 1, Reason: "value is not framed"}, at(2): {Count: 1, Reason: good}}, 1},
+		{"a dead letter of a registry that was down", map[pos]deadLetter{at(1): {Count: 1, Reason: idReason}, at(2): {Count: 1, Reason: good},
+			at(3): {Count: 1, Reason: "schema registry unreachable: dial tcp: connection refused"}}, 1},
+	} {
+		got := formatFailures(a, e, &observed{DeadLetters: c.dl})
+		if len(got) != c.want {
+			t.Errorf("%s: %d failures %q, want %d", c.name, len(got), got, c.want)
+		}
+	}
+	if got := formatFailures(nil, e, &observed{}); got != nil {
+		t.Errorf("a JSON run: %q", got)
 	}
 }
