@@ -18,7 +18,9 @@
 // Kafka broker (infra/chaos-kafka.sh: infra/kafka.sh on ports 29092/29093,
 // state in $TMPDIR/onceflow-chaos-kafka) and a PostgreSQL 15 cluster
 // "15 chaos" on port 5442 (infra/chaos-postgres.sh, created the first
-// time). The shared broker (19092) and cluster (5432) are never touched.
+// time); with -format avro or protobuf, a schema registry too (see
+// Formats). The shared broker (19092), cluster (5432) and registry (18081)
+// are never touched.
 // The members reach Postgres through a toxiproxy proxy
 // (github.com/Shopify/toxiproxy/v2) run inside this command on port 5443.
 // Both topics fsync every message (flush.messages=1), so that a record the
