@@ -54,7 +54,7 @@ bench-sustained: up-kafka ## rate against dedup table size on PREFILL (10M) pre-
 	$(GO) run ./benchmarks backlog -brokers $$(infra/kafka.sh brokers) -dsn "$(SUSTAINED_DSN)" \
 		-prefill $(PREFILL) -records $(RECORDS) -raw-events 1500000 -out benchmarks/out/sustained-$(PREFILL) $(ARGS)
 
-chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka and Postgres; ARGS="-seed N" replays
+chaos: ## the guarantee under faults, short mode (under 4 minutes): own Kafka and Postgres (and schema registry: JSON, Avro or Protobuf by the seed); ARGS="-seed N" replays
 	$(GO) run ./chaos -short $(ARGS)
 
 chaos-long: ## the guarantee under faults, long mode: 30 minutes of faults, at least 250 SIGKILLs

@@ -334,7 +334,7 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 	if err != nil {
 		return nil, err
 	}
-	progress("%s: pre-loading %d records (%d unique events, %s)", name, len(msgs), len(stream.Unique), b.o.format)
+	progress("%s: pre-loading %d records (%d unique events, %s)", name, len(msgs), len(stream.Unique), b.formats.format)
 	if err := e.preload(ctx, msgs); err != nil {
 		return nil, err
 	}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/sr/srfake"
@@ -53,7 +56,7 @@ func newFormats(ctx context.Context, format, url string) (*formats, error) {
 	}
 	cfg := registry.Config{URL: url, Timeout: 10 * time.Second}
 	var err error
-	if f.enc, err = registry.NewEncoder(ctx, cfg, "bench-orders-value", src); err != nil {
+	if f.enc, err = registry.NewEncoder(ctx, cfg, "bench-orders-"+format+"-value", src); err != nil {
 		f.stop()
 		return nil, fmt.Errorf("-format %s: %w", format, err)
 	}
@@ -87,4 +90,100 @@ func (f *formats) decode() processor.DecodeConfig {
 		return processor.DecodeConfig{}
 	}
 	return processor.DecodeConfig{Format: f.format, Registry: f.dec}
+}
+
+// newFormatSet sets up -formats: each format of list (comma-separated,
+// json first if present), with its own registry subject and decoder. An
+// empty list is -format alone.
+func newFormatSet(ctx context.Context, list, single, url string) ([]*formats, error) {
+	if list == "" {
+		f, err := newFormats(ctx, single, url)
+		if err != nil {
+			return nil, err
+		}
+		return []*formats{f}, nil
+	}
+	var set []*formats
+	seen := map[string]bool{}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		f, err := newFormats(ctx, name, url)
+		if err != nil {
+			stopFormats(set)
+			return nil, fmt.Errorf("-formats: %w", err)
+		}
+		set = append(set, f)
+	}
+	slices.SortStableFunc(set, func(a, b *formats) int {
+		return cmp.Compare(boolRank(a.format != processor.FormatJSON), boolRank(b.format != processor.FormatJSON))
+	})
+	return set, nil
+}
+
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func stopFormats(set []*formats) {
+	for _, f := range set {
+		f.stop()
+	}
+}
+
+// runName is the name of scenario's run in format f: the scenario's for
+// json, scenario-avro and scenario-protobuf for the others.
+func runName(scenario string, f *formats) string {
+	if f.format == processor.FormatJSON {
+		return scenario
+	}
+	return scenario + "-" + string(f.format)
+}
+
+// scenarioInFormats runs scenario once in each format of set, one after
+// the other, so that a round holds every format's run of it side by side.
+func (b *bench) scenarioInFormats(ctx context.Context, scenario string, set []*formats) ([]*Run, error) {
+	defer func(f *formats) { b.formats = f }(b.formats)
+	var out []*Run
+	for _, f := range set {
+		b.formats = f
+		r, err := b.scenario(ctx, scenario)
+		if err != nil {
+			return nil, fmt.Errorf("format %s: %w", f.format, err)
+		}
+		r.Name = runName(scenario, f)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// formatRatios compares each scenario's run in a framed format with its
+// json run of the same rounds: the price of decoding through a registry.
+func formatRatios(scenarios []string, set []*formats, rates map[string]float64) []Ratio {
+	var out []Ratio
+	for _, s := range scenarios {
+		for _, f := range set {
+			if name := runName(s, f); name != s && rates[s] > 0 {
+				out = append(out, Ratio{Scenario: name, Baseline: s, Ratio: rates[name] / rates[s]})
+			}
+		}
+	}
+	return out
+}
+
+// writeFormatRatios adds the -formats comparison to results.md.
+func writeFormatRatios(b *strings.Builder, rep *Report) {
+	if len(rep.FormatRatios) == 0 {
+		return
+	}
+	b.WriteString("\nEach format against JSON in the same rounds (medians; every round above), the target ≥ 0.90×:\n\n| run | vs | ratio |\n|---|---|---:|\n")
+	for _, x := range rep.FormatRatios {
+		fmt.Fprintf(b, "| %s | %s | %.2f× |\n", x.Scenario, x.Baseline, x.Ratio)
+	}
 }

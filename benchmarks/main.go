@@ -53,6 +53,7 @@ type options struct {
 	// groupProtocol is the members' processor.GroupProtocol.
 	groupProtocol string
 	format        string // json | avro | protobuf: the records' format (format.go)
+	formats       string // -formats: several, each scenario run in each, round by round (format.go)
 	registry      string // with avro and protobuf: the schema registry's URL; empty: srfake in process
 }
 
@@ -91,6 +92,8 @@ func parseFlags() (options, error) {
 		"(KIP-848, Kafka 4.0+; its session timeout is the broker's group.consumer.session.timeout.ms, 45s by default, which a killed member's partitions wait for)")
 	flag.StringVar(&o.format, "format", "json", "the records' format in the scenarios: json, or avro or protobuf framed for a schema registry "+
 		"(encoded before the run; the baselines stay json)")
+	flag.StringVar(&o.formats, "formats", "", "run each scenario in each of these formats (e.g. json,avro,protobuf), one after the other in every round, "+
+		"and compare each with json's run (overrides -format; the runs are named steady, steady-avro, steady-protobuf)")
 	flag.StringVar(&o.registry, "registry", "", "with -format avro or protobuf: the schema registry's URL (infra/schema-registry.sh url); empty: franz-go's srfake in this process")
 	flag.BoolVar(&o.short, "short", false, "a quick run (under 2 minutes) that keeps the benchmark working: fewer events, faster storm")
 	flag.Parse()
@@ -166,6 +169,9 @@ type Report struct {
 	StartedAt time.Time `json:"started_at"`
 	Runs      []*Run    `json:"runs"`
 	Ratios    []Ratio   `json:"ratios"`
+	// FormatRatios compares each scenario's run in another format with its
+	// json run (-formats).
+	FormatRatios []Ratio `json:"format_ratios,omitempty"`
 }
 
 // Ratio compares a scenario's unique-events rate with a baseline's.
@@ -243,10 +249,12 @@ func run(ctx context.Context, o options) error {
 		Broker: broker, Handlers: o.handlers, Crash: o.crash, GroupProtocol: o.groupProtocol, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
-	if b.formats, err = newFormats(ctx, o.format, o.registry); err != nil {
+	set, err := newFormatSet(ctx, o.formats, o.format, o.registry)
+	if err != nil {
 		return err
 	}
-	defer b.formats.stop()
+	defer stopFormats(set)
+	b.formats = set[0]
 	if o.spans {
 		b.spans = newSpanRecorder()
 		tp, pt := newSpanTracing(b.spans)
@@ -269,11 +277,13 @@ func run(ctx context.Context, o options) error {
 			progress("round %d of %d", round, o.rounds)
 		}
 		for _, s := range o.scenarios {
-			r, err := b.scenario(ctx, s)
+			rs, err := b.scenarioInFormats(ctx, s, set)
 			if err != nil {
 				return fmt.Errorf("scenario %s: %w", s, err)
 			}
-			add(r)
+			for _, r := range rs {
+				add(r)
+			}
 		}
 		if !o.baselines {
 			continue
@@ -302,6 +312,9 @@ func run(ctx context.Context, o options) error {
 				rep.Ratios = append(rep.Ratios, Ratio{s, base, rates[s] / rates[base]})
 			}
 		}
+	}
+	if len(set) > 1 {
+		rep.FormatRatios = formatRatios(o.scenarios, set, rates)
 	}
 	if err := writeOutputs(o.out, rep); err != nil {
 		return err

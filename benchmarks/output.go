@@ -63,6 +63,7 @@ func markdown(rep *Report) string {
 	}
 	writeFirstDone(&b, rep)
 	writeRounds(&b, rep)
+	writeFormatRatios(&b, rep)
 	if len(rep.Ratios) > 0 {
 		b.WriteString("\n| scenario | vs raw-copy | vs ceiling | vs per-record-dedup | vs naive-per-record |\n|---|---:|---:|---:|---:|\n")
 		byScenario := map[string]map[string]float64{}

@@ -10,6 +10,7 @@
 //	go run ./chaos                 # make chaos-long: 30 minutes, >= 250 kills
 //	go run ./chaos -short -seed 42 # replay a run: same workload, same fault schedule
 //	go run ./chaos -short -onceflow-bin ../other-tree/bin/onceflow
+//	go run ./chaos -short -format avro  # Avro (or protobuf) through a schema registry it restarts
 //
 // # Services
 //
@@ -17,7 +18,9 @@
 // Kafka broker (infra/chaos-kafka.sh: infra/kafka.sh on ports 29092/29093,
 // state in $TMPDIR/onceflow-chaos-kafka) and a PostgreSQL 15 cluster
 // "15 chaos" on port 5442 (infra/chaos-postgres.sh, created the first
-// time). The shared broker (19092) and cluster (5432) are never touched.
+// time); with -format avro or protobuf, a schema registry too (see
+// Formats). The shared broker (19092), cluster (5432) and registry (18081)
+// are never touched.
 // The members reach Postgres through a toxiproxy proxy
 // (github.com/Shopify/toxiproxy/v2) run inside this command on port 5443.
 // Both topics fsync every message (flush.messages=1), so that a record the
@@ -182,7 +185,47 @@
 // seconds before them. The full form is in <run>/evidence.txt, then one
 // line:
 //
-//	chaos: seed=… events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=70/70 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 settled=2.1s duration=3m10s PASS
+//	chaos: seed=… format=json events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=70/70 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 settled=2.1s duration=3m10s PASS
+//
+// # Formats
+//
+// -format picks the records' format: json, avro, protobuf, or seed (the
+// default): json for an even seed; for an odd one, avro when the seed's
+// second bit is 0 (29), protobuf when it is 1 (31); so that make chaos,
+// with a new seed each run, exercises all three (the JSON seeds
+// docs/chaos.md quotes are even: they replay as they ran). The summary
+// line names it (format=).
+//
+// With avro or protobuf the run starts its own schema registry
+// (infra/chaos-schema-registry.sh: infra/schema-registry.sh on port 28081,
+// -registry-port, its schemas in a file under -registry-dir, written
+// through at each change, so that a kill -9 forgets none and a restart
+// answers the same ids; never the shared registry on 18081), registers the
+// order's writer schema under the topic's value subject (Avro: user_id a
+// union of long and string, so that the rejected poison's "one" can be
+// written, items, an optional pad; Protobuf: user_id an int32 in a oneof
+// with user_name, which takes the "one"), and publishes every record
+// framed by it; the members run with decode.format avro or protobuf.
+// The poison keeps its kinds,
+// framed (nul and nul-escape: a string holding U+0000), except bad-json,
+// whose copies become in turn:
+//
+//	unknown-id  framed with a schema id the registry does not know
+//	truncated   a good body without its last 3 bytes
+//	not-framed  the order as JSON text: no magic byte
+//	corrupt     a good body made unreadable (Avro: a union branch index
+//	            out of range; Protobuf: a field of wire type 7)
+//
+// (the recreate fault's new poison stays JSON: not framed). The registry is
+// killed (kill -9) at 15, 40, 65 and 85% of the window and started again
+// 2–6s later (registry_restarts=); 300ms after each kill a member is
+// killed too and starts again 0.5s later, so that it must fetch the
+// writer schema from a registry that does not answer. A restart due
+// during an edge fault waits for its end. Beyond the verdict, each framed
+// poison's dead letter must say what the decoder met (the unknown schema
+// id; the schema id of a truncated or corrupt body; "not framed"), and no
+// dead letter may say the registry was unreachable or failed: a registry
+// that is down only pauses the partition.
 //
 // # Planted regressions
 //

@@ -49,6 +49,10 @@ type options struct {
 
 	kafkaPort, ctrlPort, pgPort, proxyPort int
 	kafkaDir                               string
+
+	format       string // json, avro or protobuf (format.go); -format seed resolved
+	registryPort int    // the chaos schema registry's port (avro)
+	registryDir  string
 }
 
 type envList []string
@@ -99,6 +103,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kafkaDir, "kafka-dir", filepath.Join(os.TempDir(), "onceflow-chaos-kafka"), "the chaos broker's state directory")
 	fs.IntVar(&o.pgPort, "pg-port", 5442, "the chaos Postgres cluster's port (never the shared 5432)")
 	fs.IntVar(&o.proxyPort, "proxy-port", 5443, "the port of the proxy in front of Postgres, which the members use")
+	fs.StringVar(&o.format, "format", formatSeed, "the records' format: json; avro or protobuf (framed for the run's own schema registry, with framed poison and registry restarts); "+
+		"or seed: json for an even seed, for an odd one avro or protobuf by the seed's second bit")
+	fs.IntVar(&o.registryPort, "registry-port", 28081, "with -format avro or protobuf: the chaos schema registry's port (never the shared 18081)")
+	fs.StringVar(&o.registryDir, "registry-dir", filepath.Join(os.TempDir(), "onceflow-chaos-schema-registry"), "with -format avro or protobuf: the chaos schema registry's state directory")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -142,6 +150,12 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.duration < 10*time.Second || o.gap < 100*time.Millisecond || o.settle < 10*time.Second {
 		ps = append(ps, errors.New("-duration and -settle must be at least 10s, -gap at least 100ms"))
+	}
+	if o.format, err = resolveFormat(o.format, o.seed); err != nil {
+		ps = append(ps, fmt.Errorf("-format %w", err))
+	}
+	if o.registryPort == 18081 {
+		ps = append(ps, errors.New("-registry-port 18081 is the shared schema registry: the chaos run crashes its own"))
 	}
 	if o.kafkaPort == 19092 || o.pgPort == 5432 {
 		ps = append(ps, errors.New("-kafka-port 19092 and -pg-port 5432 are the shared services: the chaos run crashes its own"))

@@ -65,6 +65,8 @@ type chaos struct {
 	inc          int // the topic's incarnation: 1 after a recreate
 	lat          *latencyOutcome
 	rec          *recreateOutcome
+	avro         *avroRun   // -format avro or protobuf; nil for json
+	edge         sync.Mutex // held while an edge fault runs: the other faults wait for it
 }
 
 // incarnation is what tells the recreated topic's rows apart.
@@ -158,6 +160,11 @@ func run(ctx context.Context, o options) (int, error) {
 	if err != nil {
 		return exitSetup, err
 	}
+	if o.format != formatJSON {
+		if c.avro, err = c.startAvro(ctx, topic, w); err != nil {
+			return exitSetup, err
+		}
+	}
 	led := newLedger(w)
 	c.w, c.led, c.topic, c.group = w, led, topic, group
 	sched := newSchedule(o.seed, scheduleConfig{Kinds: o.faults, Window: o.duration, Gap: o.gap,
@@ -192,7 +199,7 @@ func run(ctx context.Context, o options) (int, error) {
 		tl.add("backlog: %d records published before the members start", upfront)
 	}
 
-	env := memberEnv(o.memberEnv)
+	env := memberEnv(append(c.avro.memberEnv(), o.memberEnv...))
 	if c.members, err = newMemberSet(o.bin, dir, mcfg, env, tl); err != nil {
 		return exitSetup, err
 	}
@@ -220,7 +227,9 @@ func run(ctx context.Context, o options) (int, error) {
 		defer pub.Done()
 		pubDone <- publish(pubCtx, prod, topic, w.Records[upfront:], led, o.duration*85/100)
 	}()
+	waitRestarts := c.registryRestarts(ctx, c.avro)
 	c.runFaults(ctx, sched)
+	waitRestarts()
 	if ctx.Err() != nil {
 		return exitSetup, errors.New("interrupted")
 	}
@@ -264,7 +273,7 @@ func run(ctx context.Context, o options) (int, error) {
 		return exitSetup, err
 	}
 	v := judge(exp, obs, orders.Names)
-	v.Edge = c.edgeFailures()
+	v.Edge = append(c.edgeFailures(), formatFailures(c.avro, exp, obs)...)
 	check, err := orders.Check(ctx, c.admin, schema, exp.Orders)
 	if err != nil {
 		return exitSetup, err
@@ -291,8 +300,13 @@ func (c *chaos) runFaults(ctx context.Context, sched []fault) {
 			return
 		}
 		t0 := time.Now()
+		edge := slices.Contains(edgeFaults, f.Kind)
+		if edge {
+			c.edge.Lock() // no registry restart (format.go) during an edge fault
+		}
 		c.apply(ctx, i+1, f)
-		if slices.Contains(edgeFaults, f.Kind) {
+		if edge {
+			c.edge.Unlock()
 			// The faults after an edge fault keep their spacing, rather
 			// than all coming at once when it ends.
 			start = start.Add(time.Since(t0))
@@ -638,6 +652,7 @@ func (c *chaos) stopServices() {
 	if err := c.svc.postgres(ctx, "stop"); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos: stop postgres:", err)
 	}
+	c.stopRegistry(ctx)
 }
 
 // build compiles ./cmd/onceflow into dir (each run replaces the last

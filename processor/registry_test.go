@@ -173,6 +173,39 @@ func TestProtobufOrdersWithIDField(t *testing.T) {
 	})
 }
 
+// TestAvroOrdersWithIDField: Avro orders carry their event id in a field
+// of logical type uuid (decode.event_id_source: field), read from the
+// decoded record; the records have no event_id header, and redeliveries
+// apply once.
+func TestAvroOrdersWithIDField(t *testing.T) {
+	const schema = `{"type":"record","name":"Order","namespace":"shop","fields":[
+		{"name":"event_id","type":{"type":"string","logicalType":"uuid"}},
+		{"name":"user_id","type":"long"},{"name":"items","type":{"type":"array","items":"string"}}]}`
+	eachBroker(t, func(t *testing.T, b broker) {
+		eachRegistry(t, func(t *testing.T, url string) {
+			e := newEnv(t, b, 1)
+			id := registrytest.Register(t, url, e.topic+"-value", sr.Schema{Schema: schema})
+			stream, err := orders.Generate(100, 0.3, 11)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var recs []*kgo.Record
+			for _, m := range stream.Messages {
+				v := avroOrder(t, schema, id, stream.Unique[m.ID], map[string]any{"event_id": m.ID.String()})
+				recs = append(recs, &kgo.Record{Topic: e.topic, Value: v})
+			}
+			e.produce(recs...)
+			cfg := e.config("avro")
+			cfg.Decode = processor.DecodeConfig{Format: processor.FormatAvro, Registry: registryDecoder(t, url),
+				IDSource: processor.IDFromField, IDField: "event_id"}
+			m := e.start(cfg, e.writer(1000))
+			e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
+			m.stop(t)
+			e.checkExactlyOnce(stream.Unique)
+		})
+	})
+}
+
 // TestRegistryDownRetriesNeverDeadLetters: while the registry answers 503
 // or cannot be reached, the partition retries and nothing becomes a dead
 // letter; once it is back, every record applies.

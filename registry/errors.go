@@ -2,9 +2,12 @@ package registry
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/sr"
 )
@@ -30,6 +33,35 @@ func (e *DataError) Error() string {
 	}
 }
 
+// tlsError is the registry's TLS handshake failing on the client's side
+// of the configuration: a certificate the client does not trust, or a
+// name it does not carry, or an https URL of a server that speaks plain
+// HTTP. No retry fixes it; it is neither transient nor auth.
+type tlsError struct{ err error }
+
+func (e *tlsError) Error() string {
+	return fmt.Sprintf("schema registry's TLS: %v (check the URL's scheme and decode.schema_registry.tls)", e.err)
+}
+
+func (e *tlsError) Unwrap() error { return e.err }
+
+// isTLSConfig reports whether err is a TLS handshake failing for the
+// client's configuration rather than the network.
+func isTLSConfig(err error) bool {
+	var (
+		verify  *tls.CertificateVerificationError
+		unknown x509.UnknownAuthorityError
+		invalid x509.CertificateInvalidError
+		host    x509.HostnameError
+		header  tls.RecordHeaderError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &invalid) ||
+		errors.As(err, &host) || errors.As(err, &header) ||
+		// net/http replaces the tls.RecordHeaderError of a plain HTTP
+		// answer by an error of text alone.
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
+}
+
 // registryError is the registry failing to answer, or refusing to.
 type registryError struct {
 	status int // HTTP status; 0 when there was no answer
@@ -51,7 +83,10 @@ func (e *registryError) Unwrap() error { return e.err }
 
 // IsTransient reports whether err is the registry being unreachable or
 // failing for now (no answer, a timeout, 5xx, 429, or any other answer
-// that is not about the value): retry later. A registry that is down never
+// that is not about the value): retry later. A TLS handshake that fails
+// on the client's configuration (a certificate it does not trust, a name
+// the certificate does not carry, an https URL of a plain HTTP server) is
+// not transient: Decoder.Check returns it to fail the start. A registry that is down never
 // makes a record a dead letter.
 func IsTransient(err error) bool {
 	var re *registryError
@@ -83,6 +118,9 @@ func classify(err error, id int) error {
 	}
 	if errors.Is(err, context.Canceled) {
 		return err
+	}
+	if isTLSConfig(err) {
+		return &tlsError{err}
 	}
 	return &registryError{err: err}
 }

@@ -152,7 +152,9 @@ func (d *Decoder) Check(ctx context.Context) error {
 // and returns it as JSON that Postgres can store as jsonb (valid UTF-8, no
 // \u0000), with the schema id it names. Errors: *DataError for the value
 // itself (the same value always fails); IsTransient and IsAuth errors for
-// the registry; ctx's error when ctx ends first.
+// the registry; a TLS handshake failing on the client's configuration
+// (neither, and no reason to dead-letter either: Check reports it at
+// start); ctx's error when ctx ends first.
 func (d *Decoder) Decode(ctx context.Context, kind Kind, value []byte) ([]byte, error) {
 	var h sr.ConfluentHeader
 	id, body, err := h.DecodeID(value)

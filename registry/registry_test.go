@@ -3,11 +3,16 @@ package registry_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -436,6 +441,42 @@ func TestRegistryErrors(t *testing.T) {
 		bad, _ := registry.New(registry.Config{URL: fake.URL(), Username: "u", Password: "wrong"})
 		if err := bad.Check(t.Context()); !registry.IsAuth(err) {
 			t.Fatalf("Check with a wrong password: got %v, want an auth error", err)
+		}
+	})
+	t.Run("tls", func(t *testing.T) {
+		fake := srfake.New()
+		defer fake.Close()
+		id, _, err := fake.RegisterSchema("p-value", sr.Schema{Schema: payment})
+		if err != nil {
+			t.Fatal(err)
+		}
+		target, _ := url.Parse(fake.URL())
+		srv := httptest.NewTLSServer(httputil.NewSingleHostReverseProxy(target))
+		defer srv.Close()
+		roots := x509.NewCertPool()
+		roots.AddCert(srv.Certificate())
+		d, err := registry.New(registry.Config{URL: srv.URL, TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if err := d.Check(t.Context()); err != nil {
+			t.Fatalf("Check over TLS with the server's CA: %v", err)
+		}
+		if got, err := d.Decode(t.Context(), registry.Avro, registrytest.Frame(t, id, nil, body)); err != nil || compact(t, got) != `{"id":"p1"}` {
+			t.Fatalf("Decode over TLS: %s, %v", got, err)
+		}
+		// A certificate the client does not trust is configuration, which
+		// no retry fixes: Check fails the start instead of waiting.
+		untrusted := decoder(t, srv.URL)
+		err = untrusted.Check(t.Context())
+		if err == nil || registry.IsTransient(err) {
+			t.Fatalf("Check with a certificate signed by an unknown authority: got %v, want a configuration error", err)
+		}
+		// Nor is an https URL of a server speaking plain HTTP.
+		plain := decoder(t, strings.Replace(fake.URL(), "http://", "https://", 1))
+		if err := plain.Check(t.Context()); err == nil || registry.IsTransient(err) {
+			t.Fatalf("Check of https on a plain HTTP server: got %v, want a configuration error", err)
 		}
 	})
 	t.Run("not the API", func(t *testing.T) {

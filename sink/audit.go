@@ -3,6 +3,8 @@ package sink
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -46,6 +48,41 @@ type DeadLetterRow struct {
 	// Conflict is true when the reason is ReasonConflict: this delivery
 	// reused the event id with another payload and applied nothing.
 	Conflict bool `json:"conflict,omitempty"`
+	// SchemaID is the schema id in the record's value when the value is
+	// framed for a schema registry (Confluent's wire format: a zero byte,
+	// then the id in 4 bytes, as Avro, Protobuf and JSON Schema
+	// serializers write it): the writer schema to look up when the
+	// registry did not know it or the body did not match it. 0 when the
+	// value is not framed (or was not kept). With decode.format bytes, a
+	// value that happens to begin so reads as framed too.
+	SchemaID int `json:"schema_id,omitempty"`
+	// Subject is the subject of SchemaID as the registry named it when
+	// the record was decoded (a registry that keeps one schema under
+	// several subjects names one of them), read from the reason; empty
+	// when the reason names none (the registry did not know the id, or the
+	// dead letter is a handler's).
+	Subject string `json:"subject,omitempty"`
+}
+
+// framedSchemaID is the SQL of the schema id in a dead letter's stored
+// value framed in the Confluent wire format, 0 for any other value.
+const framedSchemaID = `CASE WHEN length(record_value) >= 5 AND get_byte(record_value, 0) = 0
+  THEN (get_byte(record_value, 1)::int8 << 24) | (get_byte(record_value, 2)::int8 << 16)
+        | (get_byte(record_value, 3)::int8 << 8) | get_byte(record_value, 4)::int8
+  ELSE 0 END`
+
+// subjectIn returns the subject a decode-time reason names for schema
+// id: registry.DataError writes "schema id N (subject S): …".
+func subjectIn(reason string, id int) string {
+	rest, ok := strings.CutPrefix(reason, "schema id "+strconv.Itoa(id)+" (subject ")
+	if !ok {
+		return ""
+	}
+	subject, _, ok := strings.Cut(rest, "): ")
+	if !ok {
+		return ""
+	}
+	return subject
 }
 
 // EventAudit is what sink recorded about one event.
@@ -84,7 +121,8 @@ FROM `+t("processed_events")+` p WHERE p.event_id = $1 ORDER BY p.processed_at, 
 	if err != nil {
 		return a, fmt.Errorf("audit processed_events: %w", err)
 	}
-	rows, err = pool.Query(ctx, `SELECT consumer_group, topic, partition, "offset", reason, created_at, reason = $2
+	rows, err = pool.Query(ctx, `SELECT consumer_group, topic, partition, "offset", reason, created_at, reason = $2,
+  `+framedSchemaID+`, ''
 FROM `+t("dead_letters")+` WHERE event_id = $1 ORDER BY created_at`, id, ReasonConflict)
 	if err != nil {
 		return a, fmt.Errorf("audit dead_letters: %w", err)
@@ -93,8 +131,11 @@ FROM `+t("dead_letters")+` WHERE event_id = $1 ORDER BY created_at`, id, ReasonC
 	if err != nil {
 		return a, fmt.Errorf("audit dead_letters: %w", err)
 	}
-	for _, d := range a.DeadLetters {
+	for i, d := range a.DeadLetters {
 		a.Conflict = a.Conflict || d.Conflict
+		if d.SchemaID != 0 {
+			a.DeadLetters[i].Subject = subjectIn(d.Reason, d.SchemaID)
+		}
 	}
 	return a, nil
 }

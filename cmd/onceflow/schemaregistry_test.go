@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -115,6 +116,8 @@ sql_handlers:
 			again.Headers = slices.Clone(again.Headers)
 			recs = append(recs, &again)
 			recs = append(recs, wire.NewRecord(topic, eventID(99), registrytest.Frame(t, 424242, nil, []byte{2, 'x'})))
+			truncated := slices.Clone(recs[0].Value[:len(recs[0].Value)-4]) // a v1 body cut short
+			recs = append(recs, wire.NewRecord(topic, eventID(98), truncated))
 			cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 			if err != nil {
 				t.Fatal(err)
@@ -146,9 +149,41 @@ sql_handlers:
 				{"v1 rows: memo, no currency", `SELECT count(*) FROM ` + schema + `.payments WHERE memo = 'first' AND currency IS NULL AND method = 'CARD'`, n / 2},
 				{"v2 rows: currency, no memo", `SELECT count(*) FROM ` + schema + `.payments WHERE currency = 'USD' AND memo IS NULL AND method = 'IBAN'`, n / 2},
 				{"dead letter naming the schema id", `SELECT count(*) FROM ` + schema + `.dead_letters WHERE reason LIKE '%schema id 424242%'`, 1},
+				{"dead letter of the truncated body", `SELECT count(*) FROM ` + schema + `.dead_letters WHERE reason LIKE '%schema id ` + fmt.Sprint(id1) + ` %'`, 1},
 			} {
 				if got := sinktest.Count(t, pool, tc.sql); got != tc.want {
 					t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+				}
+			}
+
+			// onceflow audit shows each dead letter's schema id, and the
+			// subject where the registry named it (the real registry keeps
+			// one schema under the subjects of every run that registered it,
+			// and names one of them).
+			for _, c := range []struct {
+				event       int
+				id          int
+				subjectKnow bool // the registry knows the id: a subject is named
+			}{{99, 424242, false}, {98, id1, true}} {
+				out, err := exec.Command(bin, "audit", "--config", config, uuid.UUID(eventID(c.event)).String()).Output()
+				if err != nil {
+					t.Fatalf("onceflow audit of event %d: %v", c.event, err)
+				}
+				var a struct {
+					DeadLetters []struct {
+						Reason   string `json:"reason"`
+						SchemaID int    `json:"schema_id"`
+						Subject  string `json:"subject"`
+					} `json:"dead_letters"`
+				}
+				if err := json.Unmarshal(out, &a); err != nil || len(a.DeadLetters) != 1 {
+					t.Fatalf("onceflow audit of event %d: %v\n%s", c.event, err, out)
+				}
+				d := a.DeadLetters[0]
+				named := c.subjectKnow && strings.HasPrefix(d.Subject, "payments-") && strings.HasSuffix(d.Subject, "-value") &&
+					strings.Contains(d.Reason, "(subject "+d.Subject+")")
+				if d.SchemaID != c.id || named != c.subjectKnow || (!c.subjectKnow && d.Subject != "") {
+					t.Errorf("audit of event %d: schema_id %d subject %q (reason %q); want schema id %d, a subject named: %v", c.event, d.SchemaID, d.Subject, d.Reason, c.id, c.subjectKnow)
 				}
 			}
 		})
