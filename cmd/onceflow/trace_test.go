@@ -329,6 +329,7 @@ func serveOn(t *testing.T, brokers []string, schema string) (base string, stop f
 		})
 	}
 	t.Cleanup(stop)
+	waitMigrated(t, s)
 	return "http://" + s.addr, stop
 }
 
