@@ -293,9 +293,16 @@ func (s *story) gather(ctx context.Context, j *jaeger, lookback time.Duration) e
 
 	if known, err := j.services(ctx); err != nil {
 		return err
-	} else if !slices.Contains(known, j.service) {
+	} else if known != nil && !slices.Contains(known, j.service) {
+		list := strings.Join(known, ", ")
+		if len(known) > 10 {
+			list = strings.Join(known[:10], ", ") + fmt.Sprintf(" and %d more", len(known)-10)
+		}
+		if len(known) == 0 {
+			list = "none"
+		}
 		s.Notes = append(s.Notes, fmt.Sprintf("Jaeger knows no service %q (--service, OTEL_SERVICE_NAME): the searches for publishes, re-reads and dead-letter batches found nothing; it knows %s",
-			j.service, strings.Join(known, ", ")))
+			j.service, list))
 	}
 	published, err := j.find(ctx, "", map[string]string{"messaging.message.id": s.EventID}, since, until)
 	if err != nil {
@@ -550,16 +557,18 @@ func (j *jaeger) search(ctx context.Context, operation string, tags map[string]s
 	return slices.Compact(out), len(body.Data) < limit, nil
 }
 
-// services returns the service names Jaeger holds traces of.
+// services returns the service names Jaeger holds traces of (none: an
+// empty list), nil if this Jaeger does not list them.
 func (j *jaeger) services(ctx context.Context) ([]string, error) {
 	var body struct {
 		Data []string `json:"data"`
 	}
-	if _, err := j.get(ctx, "/api/services", nil, &body); err != nil {
+	found, err := j.get(ctx, "/api/services", nil, &body)
+	if err != nil || !found {
 		return nil, err
 	}
 	slices.Sort(body.Data)
-	return body.Data, nil
+	return append([]string{}, body.Data...), nil
 }
 
 // deadLetterBatches returns the trace id of the batch that wrote d — of

@@ -212,6 +212,13 @@ func TestTraceTellsTheEventsStory(t *testing.T) {
 	}
 	t.Logf("onceflow trace %s:\n%s", replayed, out)
 
+	// Under a service name that did not export the traces: the traces
+	// Postgres names are found by id, and a note names their service.
+	st = storyOf(t, s, query, service+"-not", normal)
+	if notes := strings.Join(st.Notes, "\n"); !strings.Contains(notes, `exported under service "`+service+`"`) {
+		t.Errorf("trace --service %s-not: notes %q, want one naming the service %s", service, st.Notes, service)
+	}
+
 	// An id onceflow never saw: a clear message, nothing on stdout, exit 1.
 	stderr.Reset()
 	unknown := "7f8a0000-0000-0000-0000-0000000000ff"
@@ -335,8 +342,8 @@ func serveOn(t *testing.T, brokers []string, schema string) (base string, stop f
 
 // A dead-lettered event whose record a replay read again has both
 // batches in its story: the one that wrote the dead letter and the
-// replay's. Asked under a service that did not export them, trace says
-// so, names the services Jaeger knows, and prints "traces" as [].
+// replay's. Asked under a service Jaeger does not know, trace says so
+// (with the services it knows) and prints "traces" as [].
 func TestTraceShowsReReadsOfADeadLetter(t *testing.T) {
 	query, otlp := os.Getenv(envJaegerQuery), os.Getenv(envJaegerOTLP)
 	if query == "" || otlp == "" {
@@ -418,9 +425,25 @@ func TestTraceShowsReReadsOfADeadLetter(t *testing.T) {
 		t.Errorf("dead letter trace %s, re-read %s, notes %q: want two traces and no note", writer.TraceID, reread.TraceID, st.Notes)
 	}
 
+	var stderr bytes.Buffer
+	text, err := runCLI(t, &stderr, "trace", dead, "--dsn", sinkDSN(t), "--schema", schema, "--jaeger", query, "--service", service)
+	if err != nil {
+		t.Fatalf("trace %s: %v\n%s", dead, err, stderr.String())
+	}
+	for _, want := range []string{"dead letter: orders/0@0", "dead letter — the batch that dead-lettered orders/0@0", "re-read — another batch that read orders/0@0"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("trace's text lacks %q:\n%s", want, text)
+		}
+	}
+	t.Logf("onceflow trace %s:\n%s", dead, text)
+
 	// Under another service name: the searches find nothing, and trace
 	// says where the traces are.
-	var stderr bytes.Buffer
+	text, err = runCLI(t, &stderr, "trace", dead, "--dsn", sinkDSN(t), "--schema", schema, "--jaeger", query, "--service", service+"-not")
+	if err != nil || !strings.Contains(text, "note: Jaeger knows no service") {
+		t.Errorf("trace under another service: %v\n%s", err, text)
+	}
+	t.Logf("onceflow trace %s --service %s-not:\n%s", dead, service, text)
 	out, err := runCLI(t, &stderr, "trace", dead, "--json", "--dsn", sinkDSN(t), "--schema", schema, "--jaeger", query, "--service", service+"-not")
 	if err != nil {
 		t.Fatalf("trace --service other: %v\n%s", err, stderr.String())
@@ -432,7 +455,7 @@ func TestTraceShowsReReadsOfADeadLetter(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &raw); err != nil {
 		t.Fatal(err)
 	}
-	if string(raw.Traces) != "[]" || len(raw.Notes) != 1 || !strings.Contains(raw.Notes[0], "knows no service") || !strings.Contains(raw.Notes[0], service) {
-		t.Errorf("trace under another service: traces %s, notes %q; want [] and a note naming %s", raw.Traces, raw.Notes, service)
+	if string(raw.Traces) != "[]" || len(raw.Notes) != 1 || !strings.Contains(raw.Notes[0], `knows no service "`+service+`-not"`) {
+		t.Errorf("trace under another service: traces %s, notes %q; want [] and a note saying Jaeger knows no such service", raw.Traces, raw.Notes)
 	}
 }
