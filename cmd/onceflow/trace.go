@@ -291,19 +291,6 @@ func (s *story) gather(ctx context.Context, j *jaeger, lookback time.Duration) e
 	}
 	until := time.Now().Add(time.Minute)
 
-	if known, err := j.services(ctx); err != nil {
-		return err
-	} else if known != nil && !slices.Contains(known, j.service) {
-		list := strings.Join(known, ", ")
-		if len(known) > 10 {
-			list = strings.Join(known[:10], ", ") + fmt.Sprintf(" and %d more", len(known)-10)
-		}
-		if len(known) == 0 {
-			list = "none"
-		}
-		s.Notes = append(s.Notes, fmt.Sprintf("Jaeger knows no service %q (--service, OTEL_SERVICE_NAME): the searches for publishes, re-reads and dead-letter batches found nothing; it knows %s",
-			j.service, list))
-	}
 	published, err := j.find(ctx, "", map[string]string{"messaging.message.id": s.EventID}, since, until)
 	if err != nil {
 		return err
@@ -332,6 +319,24 @@ func (s *story) gather(ctx context.Context, j *jaeger, lookback time.Duration) e
 		if !complete {
 			s.Notes = append(s.Notes, fmt.Sprintf("Jaeger returned its limit of %d traces for the batches of %s/%d since the dead letter: later re-reads of it may be missing",
 				searchLimit, d.Topic, d.Partition))
+		}
+	}
+	// A service name Jaeger does not know finds nothing: say so when the
+	// searches found nothing (Jaeger lists a new service a moment after
+	// its first spans are searchable, so a search that found some wins).
+	if len(published) == 0 && len(reread) == 0 && !slices.ContainsFunc(s.DeadLetters, func(d deadRecord) bool { return d.TraceID != "" }) {
+		if known, err := j.services(ctx); err != nil {
+			return err
+		} else if known != nil && !slices.Contains(known, j.service) {
+			list := strings.Join(known, ", ")
+			if len(known) > 10 {
+				list = strings.Join(known[:10], ", ") + fmt.Sprintf(" and %d more", len(known)-10)
+			}
+			if len(known) == 0 {
+				list = "none"
+			}
+			s.Notes = append(s.Notes, fmt.Sprintf("Jaeger knows no service %q (--service, OTEL_SERVICE_NAME): the searches for publishes, re-reads and dead-letter batches found nothing; it knows %s",
+				j.service, list))
 		}
 	}
 	for _, t := range s.Traces {
