@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/deploy"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // EnvPromtool names the environment variable with the path of a promtool
@@ -189,5 +191,121 @@ func TestMetricNames(t *testing.T) {
 				t.Errorf("MetricNames(%q) = %v, want %v", tc.expr, got, tc.want)
 			}
 		})
+	}
+}
+
+// Every link into docs/operating.md, in the rule file (its comments too)
+// and in the dashboard, names a section that exists.
+func TestLinksIntoTheDocsResolve(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#{1,6} (.+)$`).FindAllStringSubmatch(string(doc), -1) {
+		anchors[anchor(m[1])] = true
+	}
+	link := regexp.MustCompile(`operating\.md#([a-z0-9_-]+)`)
+	for _, f := range []string{"prometheus/onceflow-rules.yaml", "prometheus/onceflow-rules.test.yaml", "grafana/onceflow.json"} {
+		b, err := os.ReadFile(filepath.FromSlash(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			if !anchors[m[1]] {
+				t.Errorf("%s links to docs/operating.md#%s: no such section", f, m[1])
+			}
+		}
+	}
+}
+
+// The conflicting-duplicate alert and its section quote the dead-letter
+// reason onceflow writes, so an operator's query for it finds the rows.
+func TestConflictAlertQuotesTheRealReason(t *testing.T) {
+	rules, err := deploy.Rules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(rules, func(r deploy.Rule) bool { return r.Alert == "OnceflowConflictingDuplicate" })
+	if i < 0 {
+		t.Fatal("no OnceflowConflictingDuplicate alert")
+	}
+	if d := rules[i].Annotations["description"]; !strings.Contains(d, `"`+sink.ReasonConflict+`"`) {
+		t.Errorf("OnceflowConflictingDuplicate's description does not quote the reason %q:\n%s", sink.ReasonConflict, d)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := string(doc)[strings.Index(string(doc), "#### OnceflowConflictingDuplicate"):]
+	sec = sec[:strings.Index(sec[1:], "####")+1]
+	if !strings.Contains(strings.Join(strings.Fields(sec), " "), "`"+sink.ReasonConflict+"`") {
+		t.Errorf("docs/operating.md#onceflowconflictingduplicate does not quote the reason %q:\n%s", sink.ReasonConflict, sec)
+	}
+}
+
+// A dashboard panel that draws a ratio (a rate of one counter over a rate
+// of another) beside other series gives the ratio a unit of its own and
+// the other axis, by an override on its query: a share of 0–1 on the axis
+// of per-second rates or of a count reads as zero.
+func TestDashboardRatiosHaveTheirOwnAxis(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("grafana", "onceflow.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title       string `json:"title"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit string `json:"unit"`
+				} `json:"defaults"`
+				Overrides []struct {
+					Matcher struct {
+						ID      string `json:"id"`
+						Options any    `json:"options"`
+					} `json:"matcher"`
+					Properties []struct {
+						ID    string `json:"id"`
+						Value any    `json:"value"`
+					} `json:"properties"`
+				} `json:"overrides"`
+			} `json:"fieldConfig"`
+			Targets []struct {
+				RefID string `json:"refId"`
+				Expr  string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	ratio := regexp.MustCompile(`^sum\(rate\(\w+_total\{[^}]*\}\[[^]]*\]\)\)\s*/\s*sum\(rate\(\w+_total\{[^}]*\}\[[^]]*\]\)\)$`)
+	for _, p := range d.Panels {
+		var ratios, others []string
+		for _, tg := range p.Targets {
+			if ratio.MatchString(strings.TrimSpace(tg.Expr)) {
+				ratios = append(ratios, tg.RefID)
+			} else {
+				others = append(others, tg.RefID)
+			}
+		}
+		if len(ratios) == 0 || len(others) == 0 {
+			continue
+		}
+		for _, ref := range ratios {
+			props := map[string]any{}
+			for _, o := range p.FieldConfig.Overrides {
+				if o.Matcher.ID == "byFrameRefID" && o.Matcher.Options == ref {
+					for _, pr := range o.Properties {
+						props[pr.ID] = pr.Value
+					}
+				}
+			}
+			if props["unit"] != "percentunit" || props["custom.axisPlacement"] != "right" {
+				t.Errorf("panel %q: query %s is a ratio drawn beside %v (unit %q) without an override giving it unit percentunit on the right axis (has %v)",
+					p.Title, ref, others, p.FieldConfig.Defaults.Unit, props)
+			}
+		}
 	}
 }

@@ -27,7 +27,12 @@ import (
 type RelayConfig struct {
 	Schema    string        // schema of the outbox table; default "public"
 	BatchSize int           // rows claimed and produced at once; default 500
-	Poll      time.Duration // wait when nothing is pending or after an error; default 100ms
+	Poll      time.Duration // wait when nothing is pending, and after a first error; default 100ms
+	// MaxBackoff is the longest wait between attempts while they keep
+	// failing (Postgres or the brokers down): each failure doubles the
+	// wait, from Poll up to MaxBackoff; a success goes back to Poll.
+	// Default 30s.
+	MaxBackoff time.Duration
 	// ProduceTimeout bounds waiting for one claimed batch to be produced;
 	// default 10s. Rows the client has not delivered by then stay leased
 	// (the client may still deliver them).
@@ -58,6 +63,20 @@ type Relay struct {
 	log    *slog.Logger
 
 	afterPublish func() error // test hook: runs between produce and mark, as a relay dying there
+	// sleep waits d or until ctx ends, reporting whether d passed; a test
+	// hook (default sleepCtx).
+	sleep func(ctx context.Context, d time.Duration) bool
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // NewRelay returns a Relay over pool and cl, or an error naming every
@@ -75,6 +94,7 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) (*Relay, erro
 		cfg.BatchSize = 500
 	}
 	def(&cfg.Poll, 100*time.Millisecond)
+	def(&cfg.MaxBackoff, 30*time.Second)
 	def(&cfg.ProduceTimeout, 10*time.Second)
 	def(&cfg.QueryTimeout, 5*time.Second)
 	def(&cfg.Lease, 30*time.Second)
@@ -93,7 +113,7 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) (*Relay, erro
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Relay{pool: pool, cl: cl, cfg: cfg, table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(),
-		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log}, nil
+		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log, sleep: sleepCtx}, nil
 }
 
 func (cfg RelayConfig) validate(pool *pgxpool.Pool, cl *kgo.Client) error {
@@ -111,10 +131,13 @@ func (cfg RelayConfig) validate(pool *pgxpool.Pool, cl *kgo.Client) error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"poll", cfg.Poll}, {"produce timeout", cfg.ProduceTimeout}, {"query timeout", cfg.QueryTimeout}} {
+	}{{"poll", cfg.Poll}, {"max backoff", cfg.MaxBackoff}, {"produce timeout", cfg.ProduceTimeout}, {"query timeout", cfg.QueryTimeout}} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}
+	}
+	if cfg.MaxBackoff < cfg.Poll {
+		bad("max backoff %v is shorter than poll %v", cfg.MaxBackoff, cfg.Poll)
 	}
 	if cfg.Lease <= cfg.ProduceTimeout+2*cfg.QueryTimeout {
 		bad("lease %v must exceed the produce timeout plus two query timeouts (%v)", cfg.Lease, cfg.ProduceTimeout+2*cfg.QueryTimeout)
@@ -122,24 +145,41 @@ func (cfg RelayConfig) validate(pool *pgxpool.Pool, cl *kgo.Client) error {
 	return errors.Join(ps...)
 }
 
-// Run relays until ctx ends, then returns nil. Errors are logged and
-// retried after Poll.
+// warnEvery is how much waiting between failed attempts Run lets pass
+// before it warns again that they keep failing.
+const warnEvery = time.Minute
+
+// Run relays until ctx ends, then returns nil. A failed attempt is retried
+// after a wait that doubles with each failure in a row, from Poll up to
+// MaxBackoff. Run warns at the first failure, then again after each
+// minute of waiting (with the attempts so far and the latest error), and
+// logs at info level when an attempt succeeds again.
 func (r *Relay) Run(ctx context.Context) error {
+	failures := 0
+	var wait, unwarned time.Duration
 	for {
 		claimed, _, err := r.relay(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
-			r.log.Warn("outbox relay", "err", err)
+		switch {
+		case err != nil:
+			failures++
+			wait = min(max(2*wait, r.cfg.Poll), r.cfg.MaxBackoff)
+			if failures == 1 || unwarned >= warnEvery {
+				r.log.Warn("outbox relay: cannot publish; retrying", "err", err, "attempts", failures, "retry_in", wait)
+				unwarned = 0
+			}
+			unwarned += wait
+		case failures > 0:
+			r.log.Info("outbox relay: publishing again", "failed_attempts", failures)
+			failures, wait, unwarned = 0, 0, 0
 		}
 		if claimed == r.cfg.BatchSize && err == nil {
 			continue // more may be pending
 		}
-		select {
-		case <-ctx.Done():
+		if !r.sleep(ctx, max(wait, r.cfg.Poll)) {
 			return nil
-		case <-time.After(r.cfg.Poll):
 		}
 	}
 }

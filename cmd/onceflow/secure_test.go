@@ -293,6 +293,7 @@ func TestServeOverSASLSSL(t *testing.T) {
 		cancel()
 		t.Fatal(err)
 	}
+	waitMigrated(t, sv)
 	s := &seedServer{t: t, base: "http://" + sv.addr, logs: logs, pool: pool, schema: schema}
 	id := "7f8a0000-0000-0000-0000-0000000005a5"
 	if code, _, body := s.post(id, order); code != 200 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,13 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/api"
 	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/pipeline"
 )
 
 type serveOptions struct {
@@ -41,7 +40,14 @@ func newServeCmd() *cobra.Command {
   GET  /healthz, /readyz, /metrics
 
 the outbox relay (outbox rows to kafka.topics[0]) and the processor.
---embedded-kafka runs an in-process Kafka instead of kafka.brokers.`,
+--embedded-kafka runs an in-process Kafka instead of kafka.brokers.
+
+Like run, serve answers /healthz, /readyz and /metrics at once and waits
+for Postgres and the brokers as long as it takes: /readyz answers 503
+naming what it waits for, onceflow_ready is 0, and the seed's endpoints
+answer 503 until Postgres answered and the tables exist. It ends early
+only on what waiting cannot cure (the configuration, a refused login, a
+missing dead-letter topic), naming it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a, err := load(cmd)
@@ -65,8 +71,9 @@ the outbox relay (outbox rows to kafka.topics[0]) and the processor.
 
 // server is a running serve: the HTTP API, the relay and the processor.
 type server struct {
-	addr string
-	wait func() error // returns when ctx has ended and everything stopped
+	addr     string
+	migrated <-chan struct{} // closed once Postgres answered and the tables exist
+	wait     func() error    // returns when ctx has ended and everything stopped
 }
 
 // cleanup runs functions in reverse order of adding.
@@ -80,6 +87,14 @@ func (c cleanup) run() {
 }
 
 // startServe starts everything serve runs; wait stops it once ctx ended.
+// Like run, it serves /healthz, /readyz and /metrics at once and then
+// waits for Postgres (and migrates) and for the brokers as long as it
+// takes, /readyz naming what it waits for; the seed's endpoints answer
+// 503 until the tables exist, and the relay starts once they do.
+// startServe returns an error only for what waiting cannot cure (the
+// HTTP address, the config); wait returns those found later (a refused
+// login, sql_handlers Postgres refuses, an address where something other
+// than Kafka answers, a missing dead-letter topic).
 func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err error) {
 	var done cleanup
 	defer func() {
@@ -92,58 +107,119 @@ func (a *app) startServe(ctx context.Context, o serveOptions) (_ *server, err er
 		return nil, err
 	}
 	done.add(func() { flushTracing(ctx, shutdownTracing) })
-	pool, err := a.openPool(ctx, a.cfg.Postgres.PoolSize+1)
+	pool, err := a.newPool(a.cfg.Postgres.PoolSize + 1) // connects lazily
 	if err != nil {
 		return nil, err
 	}
 	done.add(pool.Close)
-	if err := a.migrate(ctx, pool, a.cfg.Postgres.Schema); err != nil {
-		return nil, err
-	}
-	if err := a.checkSQLHandlers(ctx, pool); err != nil {
-		return nil, err
-	}
 	brokers, err := a.serveBrokers(o, &done)
 	if err != nil {
 		return nil, err
 	}
-	if err := a.whenKafka(ctx, brokers); err != nil {
-		return nil, err
-	}
-	if err := a.checkDeadLetterTopic(ctx, brokers); err != nil {
+	hs, err := a.handlers(a.cfg.Postgres.Schema)
+	if err != nil {
 		return nil, err
 	}
 	m := metrics.New()
-	m.AddPool("main", pool)
-	consumer, err := a.serveConsumer(pool, brokers, m)
-	if err != nil {
-		return nil, err
+	cfg := a.pipelineConfig(pool, hs, m)
+	cfg.Brokers = brokers
+	cfg.Consumer.KafkaOptions = append(cfg.Consumer.KafkaOptions, kgo.MetadataMinAge(time.Second))
+	handlersMigrate := cfg.Migrate
+	cfg.Migrate = func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		if err := outbox.Migrate(ctx, pool, schema); err != nil {
+			return err
+		}
+		if err := orders.MigrateProducer(ctx, pool, schema); err != nil {
+			return err
+		}
+		return handlersMigrate(ctx, pool, schema)
 	}
 	relay, err := a.serveRelay(pool, brokers, &done)
 	if err != nil {
 		return nil, err
 	}
+	// migrated is closed once Postgres answered and the tables exist:
+	// the relay and the seed's endpoints start then.
+	migrated := make(chan struct{})
+	var waitingKafka atomic.Bool
+	cfg.BeforeConsume = func(ctx context.Context) error {
+		close(migrated)
+		if err := a.checkSQLHandlers(ctx, pool); err != nil {
+			return err
+		}
+		if err := a.checkSchemaRegistry(ctx); err != nil {
+			return err
+		}
+		waitingKafka.Store(true)
+		defer waitingKafka.Store(false)
+		if err := a.whenKafka(ctx, brokers); err != nil {
+			return err
+		}
+		return a.checkDeadLetterTopic(ctx, brokers)
+	}
+	p, err := pipeline.New(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m.AddOutbox(relay.OldestPending)
-	mux, err := a.seedMux(pool, relay, m, consumer)
+	kafka := api.Check{Name: "kafka", Ready: func(context.Context) error {
+		if waitingKafka.Load() {
+			return errors.New("the consumer has not started: waiting for the kafka brokers")
+		}
+		return p.Ready()
+	}}
+	mux, err := a.seedMux(pool, relay, m, kafka)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := api.Start(a.cfg.HTTP.Addr, mux)
+	srv, err := api.Start(a.cfg.HTTP.Addr, untilMigrated(mux, migrated))
 	if err != nil {
 		return nil, err
 	}
+	rctx, stopRelay := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	wg.Add(3)
-	go func() { defer wg.Done(); errs[0] = consumer.Run(ctx) }()
-	go func() { defer wg.Done(); errs[1] = relay.Run(ctx) }()
-	go func() { defer wg.Done(); errs[2] = a.runRetention(ctx, pool, m) }()
-	return &server{addr: srv.Addr(), wait: func() error {
+	var perr, rerr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer stopRelay() // a pipeline that gave up ends serve
+		perr = schemaRegistryRefused(p.Run(ctx))
+	}()
+	go func() {
+		defer wg.Done()
+		select {
+		case <-migrated:
+			rerr = relay.Run(rctx)
+		case <-rctx.Done():
+		}
+	}()
+	return &server{addr: srv.Addr(), migrated: migrated, wait: func() error {
 		wg.Wait()
 		herr := stopServer(ctx, srv)
 		done.run()
-		return errors.Join(errs[0], errs[1], errs[2], herr)
+		return errors.Join(perr, rerr, herr)
 	}}, nil
+}
+
+// untilMigrated serves h's health and metrics at once, and its other
+// routes once migrated is closed; before, they answer 503.
+func untilMigrated(h http.Handler, migrated <-chan struct{}) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-migrated:
+		default:
+			switch r.URL.Path {
+			case "/healthz", "/readyz", "/metrics":
+			default:
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Retry-After", "5")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"error":"starting: waiting for postgres (see /readyz)"}` + "\n"))
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // serveBrokers is kafka.brokers, or an embedded Kafka's with
@@ -167,39 +243,6 @@ func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
 	return c.ListenAddrs(), nil
 }
 
-// runRetention keeps the dedup state to dedup.retention until ctx ends
-// (nothing when it is 0: kept forever).
-func (a *app) runRetention(ctx context.Context, pool *pgxpool.Pool, m *metrics.Metrics) error {
-	if a.cfg.Dedup.Retention <= 0 {
-		return nil
-	}
-	schema, horizon := a.cfg.Postgres.Schema, a.cfg.Dedup.Retention
-	return dedup.Retention{Pool: pool, Schema: schema, Horizon: horizon, Slices: a.cfg.Dedup.RetentionSlices, Logger: a.log,
-		Hold: sink.HoldForReplays(pool, schema, horizon), OnStep: m.OnRetentionStep}.Run(ctx)
-}
-
-func (a *app) serveConsumer(pool *pgxpool.Pool, brokers []string, m *metrics.Metrics) (*processor.Consumer, error) {
-	cache, err := dedup.New(a.cfg.Dedup.LRUSize)
-	if err != nil {
-		return nil, err
-	}
-	w, err := a.newWriter(pool, a.cfg.Postgres.Schema, cache, a.tp)
-	if err != nil {
-		return nil, err
-	}
-	cc := a.consumerConfig(brokers, a.cfg.Kafka.ClientID, a.tp, m)
-	cc.KafkaOptions = append(cc.KafkaOptions, kgo.MetadataMinAge(time.Second))
-	consumer, err := processor.New(cc, w)
-	if err != nil {
-		return nil, err
-	}
-	m.Add(consumer, cache)
-	if a.cfg.Kafka.DeadLetterTopic != "" {
-		m.AddDeadLetterTopic(w.OldestUnpublishedDeadLetter)
-	}
-	return consumer, nil
-}
-
 func (a *app) serveRelay(pool *pgxpool.Pool, brokers []string, done *cleanup) (*outbox.Relay, error) {
 	id := a.cfg.Kafka.ClientID + "-relay"
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id),
@@ -212,7 +255,7 @@ func (a *app) serveRelay(pool *pgxpool.Pool, brokers []string, done *cleanup) (*
 }
 
 // seedMux serves the seed's API, health and metrics.
-func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metrics, c *processor.Consumer) (*http.ServeMux, error) {
+func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metrics, kafka api.Check) (*http.ServeMux, error) {
 	store, err := a.outboxStore(pool)
 	if err != nil {
 		return nil, err
@@ -223,8 +266,7 @@ func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metric
 	if err != nil {
 		return nil, err
 	}
-	kafka := api.Check{Name: "kafka", Ready: func(context.Context) error { return c.Ready() }}
-	checks := []api.Check{api.PostgresCheck(pool), kafka}
+	checks := []api.Check{postgresCheck(pool), kafka}
 	exportChecks(m, checks)
 	mux := api.NewMux(m.Handler(), checks...)
 	seed.Register(mux)

@@ -74,7 +74,19 @@ func startSeedServer(t *testing.T, edits ...func(c *config.Config, schema string
 		})
 	}
 	t.Cleanup(stop)
+	waitMigrated(t, s)
 	return &seedServer{t: t, base: "http://" + s.addr, logs: logs, pool: pool, schema: schema, stop: stop}
+}
+
+// waitMigrated waits until s's tables exist and its API takes requests,
+// failing after 30s.
+func waitMigrated(t *testing.T, s *server) {
+	t.Helper()
+	select {
+	case <-s.migrated:
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not reach Postgres and migrate within 30s")
+	}
 }
 
 func (s *seedServer) do(method, path string, headers map[string]string, body string) (int, http.Header, map[string]any) {

@@ -41,9 +41,15 @@ as JSON for scripts.
 Traces are searched in --service (OTEL_SERVICE_NAME, else "onceflow"), from
 a minute before the event's first row in Postgres (or --lookback ago) to
 now. A trace Postgres names that Jaeger does not hold (sampled out, past
-Jaeger's retention) is listed as not found. An id onceflow has no record of
-(no outbox row, no processed row, no dead letter) is said so on standard
-error, and trace exits 1.`,
+Jaeger's retention) is listed as not found; a trace exported under another
+service than --service, or a --service Jaeger does not know, is pointed
+out, since the searches would miss its replays and re-reads. When Jaeger
+does not answer, trace still prints what Postgres knows, each trace marked
+"Jaeger unreachable", warns on standard error (jaeger_error in --json) and
+exits 0. The outbox table is optional: a schema only "onceflow run" has
+used has none. An id onceflow has no record of (no outbox row, no
+processed row, no dead letter) is said so on standard error, and trace
+exits 1.`,
 		Args: cobra.ExactArgs(1),
 	}
 	f := cmd.Flags()
@@ -73,7 +79,12 @@ error, and trace exits 1.`,
 			}
 			j := &jaeger{base: strings.TrimSuffix(base.String(), "/"), service: *service, http: &http.Client{Timeout: 10 * time.Second}}
 			if err := st.gather(ctx, j, *lookback); err != nil {
-				return err
+				if ctx.Err() != nil {
+					return err
+				}
+				// What Postgres knows stands without Jaeger: print it.
+				st.JaegerError = err.Error()
+				fmt.Fprintf(cmd.ErrOrStderr(), "onceflow trace: %v; printing what Postgres knows\n", err)
 			}
 			if *asJSON {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -101,6 +112,12 @@ type story struct {
 	Processed   []processedRecord `json:"processed"`
 	DeadLetters []deadRecord      `json:"dead_letters"`
 	Traces      []*storyTrace     `json:"traces"`
+	// Notes say what may be missing from the story and why (another
+	// service name, a search that hit its limit).
+	Notes []string `json:"notes,omitempty"`
+	// JaegerError is set when Jaeger could not be asked: the traces are
+	// those Postgres names, none found.
+	JaegerError string `json:"jaeger_error,omitempty"`
 }
 
 type outboxRecord struct {
@@ -133,6 +150,7 @@ type storyTrace struct {
 	TraceID string       `json:"trace_id"`
 	URL     string       `json:"url"`
 	Found   bool         `json:"found"`
+	Service string       `json:"service,omitempty"` // the service its spans were exported under
 	Start   time.Time    `json:"start,omitzero"`
 	Spans   []*storySpan `json:"spans,omitempty"`
 	at      time.Time    // where it sorts: its first span, else the row's time
@@ -154,16 +172,28 @@ func (s *story) unknown() bool {
 }
 
 // eventRecords reads the event's outbox row, processed rows and dead
-// letters.
+// letters. The outbox table is optional (only serve and migrate create
+// it); sink's tables are not: a schema without them is an error naming it.
 func eventRecords(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID) (*story, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	s := &story{EventID: id.String(), Processed: []processedRecord{}, DeadLetters: []deadRecord{}}
+	s := &story{EventID: id.String(), Processed: []processedRecord{}, DeadLetters: []deadRecord{}, Traces: []*storyTrace{}}
 	q := pgx.Identifier{schema}.Sanitize()
+	var hasOutbox, hasSink bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		q+".outbox", q+".processed_events").Scan(&hasOutbox, &hasSink); err != nil {
+		return nil, fmt.Errorf("look for onceflow's tables in schema %q: %w", schema, err)
+	}
+	if !hasSink {
+		return nil, fmt.Errorf("schema %q has no processed_events table: onceflow has not run there (check postgres.schema, --schema)", schema)
+	}
 	var o outboxRecord
 	var traceparent *string
-	err := pool.QueryRow(ctx, `SELECT created_at, published_at, publishes, traceparent FROM `+q+`.outbox WHERE event_id = $1`, id).
-		Scan(&o.CreatedAt, &o.PublishedAt, &o.Publishes, &traceparent)
+	err := pgx.ErrNoRows
+	if hasOutbox {
+		err = pool.QueryRow(ctx, `SELECT created_at, published_at, publishes, traceparent FROM `+q+`.outbox WHERE event_id = $1`, id).
+			Scan(&o.CreatedAt, &o.PublishedAt, &o.Publishes, &traceparent)
+	}
 	switch {
 	case err == nil:
 		if traceparent != nil {
@@ -277,20 +307,50 @@ func (s *story) gather(ctx context.Context, j *jaeger, lookback time.Duration) e
 	}
 	for i := range s.DeadLetters {
 		d := &s.DeadLetters[i]
-		id, err := j.deadLetterBatch(ctx, d)
+		id, rereads, complete, err := j.deadLetterBatches(ctx, d, until)
 		if err != nil {
 			return err
 		}
 		d.TraceID = id
 		add("dead letter", fmt.Sprintf("the batch that dead-lettered %s/%d@%d: %s", d.Topic, d.Partition, d.Offset, d.Reason), id, d.CreatedAt)
+		for _, r := range rereads {
+			add("re-read", fmt.Sprintf("another batch that read %s/%d@%d (a replay, a redelivery; the dead letter is recorded once)", d.Topic, d.Partition, d.Offset), r, time.Time{})
+		}
+		if !complete {
+			s.Notes = append(s.Notes, fmt.Sprintf("Jaeger returned its limit of %d traces for the batches of %s/%d since the dead letter: later re-reads of it may be missing",
+				searchLimit, d.Topic, d.Partition))
+		}
+	}
+	// A service name Jaeger does not know finds nothing: say so when the
+	// searches found nothing (Jaeger lists a new service a moment after
+	// its first spans are searchable, so a search that found some wins).
+	if len(published) == 0 && len(reread) == 0 && !slices.ContainsFunc(s.DeadLetters, func(d deadRecord) bool { return d.TraceID != "" }) {
+		if known, err := j.services(ctx); err != nil {
+			return err
+		} else if known != nil && !slices.Contains(known, j.service) {
+			list := strings.Join(known, ", ")
+			if len(known) > 10 {
+				list = strings.Join(known[:10], ", ") + fmt.Sprintf(" and %d more", len(known)-10)
+			}
+			if len(known) == 0 {
+				list = "none"
+			}
+			s.Notes = append(s.Notes, fmt.Sprintf("Jaeger knows no service %q (--service, OTEL_SERVICE_NAME): the searches for publishes, re-reads and dead-letter batches found nothing; it knows %s",
+				j.service, list))
+		}
 	}
 	for _, t := range s.Traces {
-		spans, err := j.trace(ctx, t.TraceID)
+		spans, service, err := j.trace(ctx, t.TraceID)
 		if err != nil {
 			return err
 		}
 		if len(spans) > 0 {
 			t.Found = true
+			t.Service = service
+			if service != "" && service != j.service {
+				s.Notes = append(s.Notes, fmt.Sprintf("trace %s was exported under service %q, not %q (--service): the searches for its publishes, re-reads and dead-letter batches looked in %q; run again with --service %s",
+					t.TraceID, service, j.service, j.service, service))
+			}
 			t.Spans = spanTree(spans)
 			t.Start = t.Spans[0].Start
 			t.at = t.Start
@@ -356,12 +416,22 @@ func (s *story) print(w io.Writer) {
 	for _, t := range s.Traces {
 		fmt.Fprintf(w, "\n%s — %s\n  trace %s  %s\n", t.Role, t.Detail, t.TraceID, t.URL)
 		if !t.Found {
-			fmt.Fprintln(w, "  (not in Jaeger: not sampled, not exported, or past its retention)")
+			if s.JaegerError != "" {
+				fmt.Fprintln(w, "  (Jaeger unreachable: its spans are not shown)")
+			} else {
+				fmt.Fprintln(w, "  (not in Jaeger: not sampled, not exported, or past its retention)")
+			}
 			continue
 		}
 		for i, sp := range t.Spans {
 			printSpan(w, sp, "  ", i == len(t.Spans)-1)
 		}
+	}
+	if s.JaegerError != "" {
+		fmt.Fprintf(w, "\nJaeger unreachable: %s\n  the traces above are those Postgres names; the publishes, re-reads and dead-letter batches Jaeger would find are missing\n", s.JaegerError)
+	}
+	for _, n := range s.Notes {
+		fmt.Fprintf(w, "\nnote: %s\n", n)
 	}
 }
 
@@ -454,13 +524,24 @@ func (j *jaeger) get(ctx context.Context, path string, q url.Values, out any) (f
 // operation, if not "") whose attributes or events' attributes hold tags,
 // started between since and until.
 func (j *jaeger) find(ctx context.Context, operation string, tags map[string]string, since, until time.Time) ([]string, error) {
+	ids, _, err := j.search(ctx, operation, tags, since, until, 100)
+	return ids, err
+}
+
+// searchLimit is how many traces a search for a partition's batches asks
+// Jaeger for.
+const searchLimit = 1000
+
+// search is find with a limit; complete is false when Jaeger returned
+// limit traces (there may be more).
+func (j *jaeger) search(ctx context.Context, operation string, tags map[string]string, since, until time.Time, limit int) (ids []string, complete bool, err error) {
 	tj, _ := json.Marshal(tags)
 	q := url.Values{
 		"service": {j.service},
 		"tags":    {string(tj)},
 		"start":   {strconv.FormatInt(since.UnixMicro(), 10)},
 		"end":     {strconv.FormatInt(until.UnixMicro(), 10)},
-		"limit":   {"100"},
+		"limit":   {strconv.Itoa(limit)},
 	}
 	if operation != "" {
 		q.Set("operation", operation)
@@ -471,36 +552,53 @@ func (j *jaeger) find(ctx context.Context, operation string, tags map[string]str
 		} `json:"data"`
 	}
 	if _, err := j.get(ctx, "/api/traces", q, &body); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var out []string
 	for _, t := range body.Data {
 		out = append(out, t.TraceID)
 	}
 	slices.Sort(out)
-	return slices.Compact(out), nil
+	return slices.Compact(out), len(body.Data) < limit, nil
 }
 
-// deadLetterBatch returns the trace id of the batch that wrote d: of the
-// onceflow.batch spans of its topic and partition whose offsets hold d's,
-// the last to start before d was written (a later one read it again); ""
-// if Jaeger has none.
-func (j *jaeger) deadLetterBatch(ctx context.Context, d *deadRecord) (string, error) {
-	ids, err := j.find(ctx, "onceflow.batch", map[string]string{
+// services returns the service names Jaeger holds traces of (none: an
+// empty list), nil if this Jaeger does not list them.
+func (j *jaeger) services(ctx context.Context) ([]string, error) {
+	var body struct {
+		Data []string `json:"data"`
+	}
+	found, err := j.get(ctx, "/api/services", nil, &body)
+	if err != nil || !found {
+		return nil, err
+	}
+	slices.Sort(body.Data)
+	return append([]string{}, body.Data...), nil
+}
+
+// deadLetterBatches returns the trace id of the batch that wrote d — of
+// the onceflow.batch spans of its topic and partition whose offsets hold
+// d's, the one that started nearest to d's created_at ("" if Jaeger has
+// none) — and those of the other batches that read d's record, up to
+// until: a replay's, a redelivery's (the dead letter is recorded once).
+// complete is false when the search hit its limit.
+func (j *jaeger) deadLetterBatches(ctx context.Context, d *deadRecord, until time.Time) (writer string, rereads []string, complete bool, err error) {
+	ids, complete, err := j.search(ctx, "onceflow.batch", map[string]string{
 		"messaging.destination.name":         d.Topic,
 		"messaging.destination.partition.id": strconv.Itoa(int(d.Partition)),
-	}, d.CreatedAt.Add(-2*time.Minute), d.CreatedAt.Add(time.Minute))
+	}, d.CreatedAt.Add(-2*time.Minute), until, searchLimit)
 	if err != nil {
-		return "", err
+		return "", nil, false, err
 	}
-	// created_at is the transaction's start, after the batch span's: a
-	// second covers clocks apart.
-	written := d.CreatedAt.Add(time.Second)
-	best, bestAt := "", time.Time{}
+	// created_at is the writing transaction's start, just after its batch
+	// span's start; the nearest start, on either side, allows for the
+	// clocks of onceflow and Postgres being apart.
+	bestGap := time.Duration(-1)
+	readers := map[string]bool{}
 	for _, id := range ids {
-		spans, err := j.trace(ctx, id)
+		spans, _, err := j.trace(ctx, id)
 		if err != nil {
-			return "", err
+			return "", nil, false, err
 		}
 		for _, sp := range spans {
 			if sp.Name != "onceflow.batch" || sp.Attrs["messaging.destination.name"] != d.Topic ||
@@ -509,15 +607,22 @@ func (j *jaeger) deadLetterBatch(ctx context.Context, d *deadRecord) (string, er
 			}
 			first, err1 := strconv.ParseInt(sp.Attrs["onceflow.first_offset"], 10, 64)
 			next, err2 := strconv.ParseInt(sp.Attrs["onceflow.next_offset"], 10, 64)
-			if err1 != nil || err2 != nil || d.Offset < first || d.Offset >= next || sp.Start.After(written) {
+			if err1 != nil || err2 != nil || d.Offset < first || d.Offset >= next {
 				continue
 			}
-			if best == "" || sp.Start.After(bestAt) {
-				best, bestAt = id, sp.Start
+			readers[id] = true
+			gap := sp.Start.Sub(d.CreatedAt).Abs()
+			if bestGap < 0 || gap < bestGap {
+				writer, bestGap = id, gap
 			}
 		}
 	}
-	return best, nil
+	delete(readers, writer)
+	for id := range readers {
+		rereads = append(rereads, id)
+	}
+	slices.Sort(rereads)
+	return writer, rereads, complete, nil
 }
 
 // otlpAny is an OTLP JSON attribute value.
@@ -542,8 +647,9 @@ func (v otlpAny) String() string {
 	return ""
 }
 
-// trace returns the spans of trace id, nil when Jaeger does not hold it.
-func (j *jaeger) trace(ctx context.Context, id string) ([]*storySpan, error) {
+// trace returns the spans of trace id and the service they were exported
+// under (the first span's, if several), nil when Jaeger does not hold it.
+func (j *jaeger) trace(ctx context.Context, id string) (_ []*storySpan, service string, _ error) {
 	type kv struct {
 		Key   string  `json:"key"`
 		Value otlpAny `json:"value"`
@@ -551,6 +657,9 @@ func (j *jaeger) trace(ctx context.Context, id string) ([]*storySpan, error) {
 	var body struct {
 		Result struct {
 			ResourceSpans []struct {
+				Resource struct {
+					Attributes []kv `json:"attributes"`
+				} `json:"resource"`
 				ScopeSpans []struct {
 					Spans []struct {
 						SpanID       string `json:"spanId"`
@@ -570,10 +679,15 @@ func (j *jaeger) trace(ctx context.Context, id string) ([]*storySpan, error) {
 	}
 	found, err := j.get(ctx, "/api/v3/traces/"+url.PathEscape(id), nil, &body)
 	if err != nil || !found {
-		return nil, err
+		return nil, "", err
 	}
 	var out []*storySpan
 	for _, rs := range body.Result.ResourceSpans {
+		for _, a := range rs.Resource.Attributes {
+			if a.Key == "service.name" && service == "" {
+				service = a.Value.String()
+			}
+		}
 		for _, ss := range rs.ScopeSpans {
 			for _, sp := range ss.Spans {
 				start, _ := strconv.ParseInt(sp.Start, 10, 64)
@@ -590,5 +704,5 @@ func (j *jaeger) trace(ctx context.Context, id string) ([]*storySpan, error) {
 			}
 		}
 	}
-	return out, nil
+	return out, service, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,11 +20,18 @@ import (
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
-// `onceflow run` started while Postgres and the broker are both down keeps
-// running like a service: /readyz answers 503 naming what it waits for,
-// first Postgres, then Kafka, and 200 once both answered — without a
-// restart.
+// `onceflow run` and `onceflow serve` started while Postgres and the
+// broker are both down keep running like a service: /healthz answers at
+// once, /readyz answers 503 naming what it waits for (first Postgres,
+// without its connection details, then Kafka), onceflow_ready is 0, and
+// /readyz answers 200 once both answered — without a restart.
 func TestRunWaitsForPostgresAndKafka(t *testing.T) {
+	for _, cmd := range []string{"run", "serve"} {
+		t.Run(cmd, func(t *testing.T) { waitsForPostgresAndKafka(t, cmd) })
+	}
+}
+
+func waitsForPostgresAndKafka(t *testing.T, command string) {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
 	schema := freshSchema(t, pool, "test_wait_")
@@ -44,7 +52,7 @@ func TestRunWaitsForPostgresAndKafka(t *testing.T) {
 	root := newRoot()
 	root.SetOut(io.Discard)
 	root.SetErr(io.Discard)
-	root.SetArgs([]string{"run", "--brokers", "127.0.0.1:" + strconv.Itoa(kafkaPort), "--topics", "orders",
+	root.SetArgs([]string{command, "--brokers", "127.0.0.1:" + strconv.Itoa(kafkaPort), "--topics", "orders",
 		"--group", "wait-test", "--dsn", proxyDSN, "--schema", schema, "--http-addr", httpAddr, "--log-level", "error"})
 	done := make(chan error, 1)
 	go func() { done <- root.ExecuteContext(ctx) }()
@@ -53,10 +61,10 @@ func TestRunWaitsForPostgresAndKafka(t *testing.T) {
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("run after cancel: %v", err)
+				t.Errorf("%s after cancel: %v", command, err)
 			}
 		case <-time.After(30 * time.Second):
-			t.Error("run did not stop within 30s of cancel")
+			t.Errorf("%s did not stop within 30s of cancel", command)
 		}
 	}()
 
@@ -65,11 +73,36 @@ func TestRunWaitsForPostgresAndKafka(t *testing.T) {
 	waitReady(t, done, httpAddr, func(code int, w map[string]string) bool {
 		return code == http.StatusServiceUnavailable && w["postgres"] != "" && w["kafka"] != ""
 	}, "503 waiting for postgres and kafka")
+	_, w, err := readyz(httpAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := w["postgres"]; !strings.Contains(why, "does not answer") || strings.Contains(why, "user=") || strings.Contains(why, "database=") ||
+		strings.Contains(why, strconv.Itoa(pgPort)) {
+		t.Errorf("/readyz says postgres: %q; want what is down, without connection details", why)
+	}
+	if code, body := get(t, "http://"+httpAddr+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz while waiting: %d %s", code, body)
+	}
+	if command == "serve" {
+		resp, err := http.Post("http://"+httpAddr+"/events-outbox/kafka", "application/json", strings.NewReader(`{"user_id":1,"items":["A"]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "waiting for postgres") {
+			t.Errorf("POST /events-outbox/kafka before the tables exist: %d %s; want 503 saying it waits for postgres", resp.StatusCode, body)
+		}
+	}
+	if code, body := get(t, "http://"+httpAddr+"/metrics"); code != http.StatusOK || !strings.Contains(body, `onceflow_ready{check="postgres"} 0`) {
+		t.Errorf("/metrics while waiting: %d, onceflow_ready{check=\"postgres\"} 0 not in it", code)
+	}
 	// It keeps waiting: still running, still not ready, a few seconds on.
 	time.Sleep(2 * time.Second)
 	select {
 	case err := <-done:
-		t.Fatalf("run ended while Postgres was down: %v", err)
+		t.Fatalf("%s ended while Postgres was down: %v", command, err)
 	default:
 	}
 
@@ -203,4 +236,19 @@ func forward(t *testing.T, port int, dsn string) (stop func()) {
 		mu.Unlock()
 		wg.Wait()
 	}
+}
+
+// get returns the status and body of a GET of url.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
 }
