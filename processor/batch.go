@@ -59,14 +59,20 @@ func (w *worker) decode(recs []*kgo.Record) (*sink.Batch, []trace.Link, exit) {
 }
 
 // batch decodes recs; records that cannot be decoded become the batch's
-// dead letters. An error is the schema registry's (or the worker's
-// context's): the batch is not made.
+// dead letters. A transaction's commit or abort marker (a control record)
+// is neither: the batch's offset moves over it, as Kafka's consumer's
+// position does, and a batch of markers alone stores just the offset. An
+// error is the schema registry's (or the worker's context's): the batch is
+// not made.
 func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link, error) {
 	cfg := &w.c.cfg
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
 		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: w.events[:0]}
 	var links []trace.Link
 	for _, r := range recs {
+		if r.Attrs.IsControl() {
+			continue
+		}
 		ev, err := DecodeContext(w.ctx, r, cfg.Decode)
 		var de *DecodeError
 		if err != nil && !errors.As(err, &de) {
