@@ -86,7 +86,7 @@ var (
 	descFenced    = prometheus.NewDesc("onceflow_batches_fenced_total", "Batches rolled back by the sink_offsets fence (the worker then stopped).", nil, nil)
 	descPublished = prometheus.NewDesc("onceflow_dead_letters_published_total", "Dead letters copied from the dead_letters table to the dead-letter topic.", nil, nil)
 	descRange     = prometheus.NewDesc("onceflow_offsets_out_of_range_total", "Offsets stored in Postgres found outside their partition's log.", nil, nil)
-	descRetrying  = prometheus.NewDesc("onceflow_partitions_retrying", "Partitions whose batch is waiting to be retried after an error.", nil, nil)
+	descRetrying  = prometheus.NewDesc("onceflow_partitions_retrying", "Partitions retrying a batch: from its first failure until its records commit (retries and the smaller batches after a timeout included).", nil, nil)
 	descRebalance = prometheus.NewDesc("onceflow_rebalance_partitions_total", "Partitions assigned, revoked or lost.", []string{"kind"}, nil)
 	descWorkers   = prometheus.NewDesc("onceflow_partition_workers", "Partition workers running.", nil, nil)
 	descLag       = prometheus.NewDesc("onceflow_partition_lag", "Records between a partition's high watermark and its next offset.", []string{"topic", "partition"}, nil)

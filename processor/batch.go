@@ -29,7 +29,10 @@ const maxLinks = 128
 // the batch returned is nil and nothing of recs is written.
 func (w *worker) decode(recs []*kgo.Record) (*sink.Batch, []trace.Link, exit) {
 	cfg := &w.c.cfg
-	defer w.setRetrying(false)
+	// Records being written again after a failure (write's retries, the
+	// smaller batches after a timeout) stay retrying once decoded.
+	was := w.retrying
+	defer func() { w.setRetrying(was) }()
 	backoff := cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
 		b, links, err := w.batch(recs)

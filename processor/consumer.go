@@ -76,7 +76,7 @@ type Stats struct {
 	Revoked              int64
 	Lost                 int64
 	Workers              int64 // partition workers running now
-	Retrying             int64 // partitions whose batch is waiting to be retried now
+	Retrying             int64 // partitions retrying a batch now (PartitionState.Retrying)
 	QueuedRecords        int64 // records in the partitions' queues now, waiting for their worker
 	QueuedBytes          int64 // their values' bytes
 }

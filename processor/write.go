@@ -38,6 +38,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 		switch why {
 		case committed:
 			recs, retry = recs[n:], false
+			w.setRetrying(false)
 			if len(recs) > 0 {
 				w.inflight.Store(recs[0]) // a prefix committed: the rest is in flight
 			}
@@ -47,7 +48,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 				return stopped
 			}
 		case smaller:
-			retry = true
+			retry = true // and retrying, until a batch of them commits
 		default:
 			return why
 		}
