@@ -30,7 +30,7 @@ func TestBatchSpanCountsRejectedDeadLetters(t *testing.T) {
 			recs = append(recs, wire.NewRecord(e.topic, m.ID, m.Value))
 		}
 		recs = append(recs,
-			wire.NewRecord(e.topic, uuid.New(), []byte(`{"user_id":1,"items":[]}`)),    // rejected by the handlers
+			wire.NewRecord(e.topic, uuid.New(), []byte(`{"user_id":1,"items":[]}`)),   // rejected by the handlers
 			&kgo.Record{Topic: e.topic, Value: []byte(`{"user_id":1,"items":["A"]}`)}) // undecodable: no event_id header
 		e.produce(recs...)
 		ends := e.logEnds()
