@@ -34,10 +34,12 @@ type Writer interface {
 	// stop stores the offset its last batches deferred that way, moving
 	// it over records those batches found applied.
 	Write(ctx context.Context, b *sink.Batch) (sink.Result, error)
-	// LeaseDeadLetters and MarkDeadLettersPublished feed the dead-letter
-	// topic from the dead_letters table; see sink.Writer.
+	// LeaseDeadLetters, MarkDeadLettersPublished and ReleaseDeadLetters
+	// feed the dead-letter topic from the dead_letters table; see
+	// sink.Writer.
 	LeaseDeadLetters(ctx context.Context, limit int, lease time.Duration) ([]sink.PendingDeadLetter, error)
 	MarkDeadLettersPublished(ctx context.Context, ids []int64, notes []string) error
+	ReleaseDeadLetters(ctx context.Context, ids []int64) error
 }
 
 // BatchInfo describes one committed batch, or one found whole that
