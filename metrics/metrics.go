@@ -89,7 +89,7 @@ var (
 	descRetrying  = prometheus.NewDesc("onceflow_partitions_retrying", "Partitions retrying a batch: from its first failure until its records commit (retries and the smaller batches after a timeout included).", nil, nil)
 	descRebalance = prometheus.NewDesc("onceflow_rebalance_partitions_total", "Partitions assigned, revoked or lost.", []string{"kind"}, nil)
 	descWorkers   = prometheus.NewDesc("onceflow_partition_workers", "Partition workers running.", nil, nil)
-	descLag       = prometheus.NewDesc("onceflow_partition_lag", "Records between a partition's high watermark and its next offset.", []string{"topic", "partition"}, nil)
+	descLag       = prometheus.NewDesc("onceflow_partition_lag", "Records between the end of what a partition can be read to (its last stable offset: records are read committed) and its next offset; transaction markers and aborted records count as read once passed.", []string{"topic", "partition"}, nil)
 	descLRUSize   = prometheus.NewDesc("onceflow_lru_size", "Events in the dedup LRU (one entry holds all of an event's handlers).", nil, nil)
 	descLRUHits   = prometheus.NewDesc("onceflow_lru_lookups_total", "Dedup LRU lookups, by result.", []string{"result"}, nil)
 	descLRURatio  = prometheus.NewDesc("onceflow_lru_hit_ratio", "Dedup LRU hits / lookups since start.", nil, nil)
