@@ -21,11 +21,12 @@ import (
 // stored in Postgres, the one committed to Kafka and the partition's
 // CommittedOffset are the log end, past the trailing markers and the
 // aborted records; records after a marker are applied, the aborted ones
-// never.
+// never. The records of a transaction still open are not lag (they
+// cannot be read yet), also for a member that takes the partition then.
 func TestTransactionMarkersAreReadPast(t *testing.T) {
 	eachPlainBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 1)
-		stream, err := orders.Generate(8, 0, 32)
+		stream, err := orders.Generate(9, 0, 32)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,12 +56,33 @@ func TestTransactionMarkersAreReadPast(t *testing.T) {
 		e.transaction(tx, msgs[:1], kgo.TryAbort)
 		e.waitCaughtUp(m, 6, want)
 
-		// A member that starts from the stored offset has nothing to read.
+		// A transaction left open (13), and a member that starts from the
+		// stored offset: nothing to read, lag 0, until it commits.
+		stable := e.logEnds()[0]
+		if err := tx.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		open := keep(msgs[8:9])
+		if err := tx.ProduceSync(t.Context(), wire.NewRecord(e.topic, open[0].ID, open[0].Value)).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
 		m.stop(t)
 		next := e.start(e.config("txn-2"), e.writer(100))
-		e.waitCaughtUp(next, 6, want)
-		if s := next.c.Stats(); s.Applied != 0 || s.SkippedLRU+s.SkippedPostgres != 0 {
-			t.Errorf("the next member applied %d and skipped %d events, want none read again", s.Applied, s.SkippedLRU+s.SkippedPostgres)
+		waitWorkersEach(t, 1, next)
+		if lag := next.c.Lag(); len(lag) != 1 || lag[0].Lag != 0 {
+			t.Errorf("with a transaction open: Lag() = %+v, want lag 0 (its record cannot be read yet)", lag)
+		}
+		if got := e.storedOffsets()[0]; got != stable {
+			t.Errorf("with a transaction open: stored offset %d, want %d", got, stable)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+		e.waitCaughtUp(next, 7, want)
+		if s := next.c.Stats(); s.SkippedLRU+s.SkippedPostgres != 0 {
+			t.Errorf("the next member skipped %d events as applied before, want none read again", s.SkippedLRU+s.SkippedPostgres)
 		}
 	})
 }
