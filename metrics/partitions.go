@@ -14,7 +14,7 @@ import (
 var (
 	descTimeLag   = prometheus.NewDesc("onceflow_partition_time_lag_seconds", "Seconds between now and the timestamp of the partition's oldest record fetched but not yet applied; 0 when caught up. Every partition with a worker exports it.", []string{"topic", "partition"}, nil)
 	descCommitted = prometheus.NewDesc("onceflow_partition_committed_offset", "Offset of the next record the partition's worker applies: every record below it is committed to Postgres. It stands still while the partition is stalled.", []string{"topic", "partition"}, nil)
-	descPRetrying = prometheus.NewDesc("onceflow_partition_retrying", "1 while the partition's batch waits to be retried after an error, else 0.", []string{"topic", "partition"}, nil)
+	descPRetrying = prometheus.NewDesc("onceflow_partition_retrying", "1 from a batch's first failure until its records commit (retries and the smaller batches after a timeout included), else 0.", []string{"topic", "partition"}, nil)
 	descReady     = prometheus.NewDesc("onceflow_ready", "1 when the member's readiness check (the one /readyz names) holds, else 0.", []string{"check"}, nil)
 )
 

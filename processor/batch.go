@@ -29,7 +29,10 @@ const maxLinks = 128
 // the batch returned is nil and nothing of recs is written.
 func (w *worker) decode(recs []*kgo.Record) (*sink.Batch, []trace.Link, exit) {
 	cfg := &w.c.cfg
-	defer w.setRetrying(false)
+	// Records being written again after a failure (write's retries, the
+	// smaller batches after a timeout) stay retrying once decoded.
+	was := w.retrying
+	defer func() { w.setRetrying(was) }()
 	backoff := cfg.RetryBackoff
 	for attempt := 1; ; attempt++ {
 		b, links, err := w.batch(recs)
@@ -59,14 +62,20 @@ func (w *worker) decode(recs []*kgo.Record) (*sink.Batch, []trace.Link, exit) {
 }
 
 // batch decodes recs; records that cannot be decoded become the batch's
-// dead letters. An error is the schema registry's (or the worker's
-// context's): the batch is not made.
+// dead letters. A transaction's commit or abort marker (a control record)
+// is neither: the batch's offset moves over it, as Kafka's consumer's
+// position does, and a batch of markers alone stores just the offset. An
+// error is the schema registry's (or the worker's context's): the batch is
+// not made.
 func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link, error) {
 	cfg := &w.c.cfg
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
 		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: w.events[:0]}
 	var links []trace.Link
 	for _, r := range recs {
+		if r.Attrs.IsControl() {
+			continue
+		}
 		ev, err := DecodeContext(w.ctx, r, cfg.Decode)
 		var de *DecodeError
 		if err != nil && !errors.As(err, &de) {

@@ -54,7 +54,9 @@ type Config struct {
 	// reason, topic, partition, offset and event_id, published
 	// asynchronously from the dead_letters table (the truth), at least
 	// once. A value the topic refuses is published without it, with a
-	// header value_omitted saying why. Empty: the table only.
+	// header value_omitted saying why; a copy the broker refuses is tried
+	// again after RetryBackoff, doubling up to MaxRetryBackoff. Empty: the
+	// table only.
 	DeadLetterTopic string
 
 	// CommitInterval is how often marked Kafka offsets are committed in the

@@ -34,10 +34,12 @@ type Writer interface {
 	// stop stores the offset its last batches deferred that way, moving
 	// it over records those batches found applied.
 	Write(ctx context.Context, b *sink.Batch) (sink.Result, error)
-	// LeaseDeadLetters and MarkDeadLettersPublished feed the dead-letter
-	// topic from the dead_letters table; see sink.Writer.
+	// LeaseDeadLetters, MarkDeadLettersPublished and ReleaseDeadLetters
+	// feed the dead-letter topic from the dead_letters table; see
+	// sink.Writer.
 	LeaseDeadLetters(ctx context.Context, limit int, lease time.Duration) ([]sink.PendingDeadLetter, error)
 	MarkDeadLettersPublished(ctx context.Context, ids []int64, notes []string) error
+	ReleaseDeadLetters(ctx context.Context, ids []int64) error
 }
 
 // BatchInfo describes one committed batch, or one found whole that
@@ -53,7 +55,7 @@ type BatchInfo struct {
 
 // Stats are a Consumer's counters since New.
 type Stats struct {
-	RecordsConsumed int64 // records received from Kafka, duplicates included
+	RecordsConsumed int64 // records received from Kafka, duplicates included, transaction markers not
 	// RecordsFetched counts the records decoded from fetch responses,
 	// delivered or not: beyond RecordsConsumed, a paused partition's
 	// in-flight fetch (fetched again on resume), fetches a rebalance or a
@@ -76,7 +78,7 @@ type Stats struct {
 	Revoked              int64
 	Lost                 int64
 	Workers              int64 // partition workers running now
-	Retrying             int64 // partitions whose batch is waiting to be retried now
+	Retrying             int64 // partitions retrying a batch now (PartitionState.Retrying)
 	QueuedRecords        int64 // records in the partitions' queues now, waiting for their worker
 	QueuedBytes          int64 // their values' bytes
 }
@@ -166,7 +168,7 @@ type tp struct {
 type partition struct {
 	w        *worker   // nil while fenced (waiting to take it again) or paused out of range
 	retakeAt time.Time // when w is nil after a fence: when to take the partition again
-	hw       int64     // high watermark at the last fetch, else at assignment; -1 when unknown
+	hw       int64     // last stable offset at the last fetch, else at assignment; -1 when unknown
 	start    int64     // log start at assignment: where a worker with no next offset starts
 }
 
@@ -267,9 +269,15 @@ func (c *Consumer) Ready() error {
 }
 
 // PartitionLag is how far one assigned partition's worker is behind the
-// partition's high watermark, as of the last fetch that brought records,
-// or else as of the assignment: a partition with nothing to read has lag
-// 0.
+// end of what it can read: the partition's last stable offset, as of the
+// last fetch that brought records, or else as of the assignment. A
+// partition with nothing to read has lag 0. Records are read committed,
+// as Kafka's consumer reads them under isolation.level=read_committed
+// (and counts its lag): the records of a transaction still open are not
+// counted until it ends (with no transactional producer the last stable
+// offset is the high watermark), and a transaction's commit or abort
+// marker and an aborted transaction's records count as read once the
+// worker has passed them.
 type PartitionLag struct {
 	Topic     string
 	Partition int32
@@ -430,7 +438,15 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.ConsumerGroup(c.cfg.Group),
 		kgo.ConsumeTopics(c.cfg.Topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Read committed, as Kafka's own consumers of transactional
+		// producers are told to: the records of an aborted or open
+		// transaction are never applied. The control records (a
+		// transaction's commit or abort marker) are kept: a worker
+		// moves its offset over them (see readPast), as Kafka's
+		// consumer moves its position, so a partition whose last
+		// record is a marker is caught up, not lagging by one.
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.FetchMaxBytes(int32(c.cfg.FetchMaxBytes)),
 		kgo.FetchMaxPartitionBytes(int32(c.cfg.FetchMaxPartitionBytes)),

@@ -35,9 +35,14 @@ const (
 // publishDeadLetters copies dead letters from the dead_letters table (the
 // truth, written in each batch's transaction) to the dead-letter topic,
 // until ctx ends. It is asynchronous and at least once: a row is marked
-// published only after the broker acknowledged its copy, and a row whose
-// lease runs out unmarked is published again. A broker that is down or
-// refuses a copy delays only the copies; no partition waits for them.
+// published only after the broker acknowledged its copy. A copy the
+// broker refused is released (its lease ended) and tried again after the
+// backoff the log line gives; a copy whose produce was still under way
+// when ProduceTimeout ran out keeps its lease, so no publisher copies it
+// again while it may still arrive, and is published again when the lease
+// runs out (2×ProduceTimeout + CallTimeout after it was leased). A broker
+// that is down or refuses a copy delays only the copies; no partition
+// waits for them.
 func (c *Consumer) publishDeadLetters(ctx context.Context, cl *kgo.Client) {
 	backoff := c.cfg.RetryBackoff
 	for {
@@ -48,7 +53,13 @@ func (c *Consumer) publishDeadLetters(ctx context.Context, cl *kgo.Client) {
 		wait := deadLetterIdle
 		switch {
 		case err != nil:
-			c.log.Warn("publish dead letters; retrying", "dead_letter_topic", c.cfg.DeadLetterTopic, "err", err, "backoff", backoff)
+			// Said once per repeatWindow while the same copies fail the
+			// same way: a refusal that lasts would be said at every
+			// MaxRetryBackoff.
+			if ok, held := c.repeats.allow(fmt.Sprint("deadletters", err), time.Now()); ok {
+				c.log.Warn("publish dead letters; retrying", "dead_letter_topic", c.cfg.DeadLetterTopic, "err", err,
+					"backoff", backoff, "repeated", held)
+			}
 			wait = backoff
 			backoff = min(2*backoff, c.cfg.MaxRetryBackoff)
 		case n == deadLetterBatch:
@@ -70,7 +81,8 @@ func (c *Consumer) publishDeadLetters(ctx context.Context, cl *kgo.Client) {
 // returns how many it leased.
 func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (int, error) {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	pending, err := c.writer.LeaseDeadLetters(lctx, deadLetterBatch, 2*c.cfg.ProduceTimeout+c.cfg.CallTimeout)
+	lease := 2*c.cfg.ProduceTimeout + c.cfg.CallTimeout
+	pending, err := c.writer.LeaseDeadLetters(lctx, deadLetterBatch, lease)
 	cancel()
 	if err != nil || len(pending) == 0 {
 		return 0, err
@@ -80,15 +92,19 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 		recs[i] = c.deadLetterRecord(d, true)
 	}
 	results := wire.Produce(ctx, cl, recs, c.cfg.ProduceTimeout)
-	var ids []int64
+	var ids, refused []int64
 	var notes []string
 	var failed error
 	recreated := false
 	for i, perr := range results {
 		d := pending[i]
 		switch {
+		case errors.Is(perr, wire.ErrStillProducing):
+			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w; published again when its lease ends, %v after it was leased",
+				d.Topic, d.Partition, d.Offset, perr, lease))
 		case errors.Is(perr, kerr.UnknownTopicID):
 			recreated = true
+			refused = append(refused, d.ID)
 			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		case perr == nil:
 			ids, notes = append(ids, d.ID), append(notes, "")
@@ -99,6 +115,9 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 			rec := c.deadLetterRecord(d, false)
 			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: HeaderValueOmitted, Value: []byte(note)})
 			if err := wire.Produce(ctx, cl, []*kgo.Record{rec}, c.cfg.ProduceTimeout)[0]; err != nil {
+				if !errors.Is(err, wire.ErrStillProducing) {
+					refused = append(refused, d.ID)
+				}
 				failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d without its value: %w", d.Topic, d.Partition, d.Offset, err))
 				continue
 			}
@@ -106,6 +125,7 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 				"offset", d.Offset, "dead_letter_topic", c.cfg.DeadLetterTopic, "value_bytes", len(d.Value), "err", perr)
 			ids, notes = append(ids, d.ID), append(notes, note)
 		default:
+			refused = append(refused, d.ID)
 			failed = errors.Join(failed, fmt.Errorf("dead letter of %s/%d@%d: %w", d.Topic, d.Partition, d.Offset, perr))
 		}
 	}
@@ -122,9 +142,15 @@ func (c *Consumer) publishDeadLettersOnce(ctx context.Context, cl *kgo.Client) (
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CallTimeout)
 	defer cancel()
 	if err := c.writer.MarkDeadLettersPublished(mctx, ids, notes); err != nil {
-		return len(pending), errors.Join(failed, err)
+		failed = errors.Join(failed, err)
+	} else {
+		c.stats.published.Add(int64(len(ids)))
 	}
-	c.stats.published.Add(int64(len(ids)))
+	// The refused copies are tried again after the backoff, not when
+	// their lease ends; if they cannot be released, then.
+	if err := c.writer.ReleaseDeadLetters(mctx, refused); err != nil {
+		failed = errors.Join(failed, fmt.Errorf("%w; the refused copies are published again when their lease ends, %v after it was leased", err, lease))
+	}
 	return len(pending), failed
 }
 

@@ -85,6 +85,18 @@
 // little under the container's limit to make the runtime collect sooner
 // instead of the kernel killing the process.
 //
+// # Transactional producers
+//
+// Records are read committed: an aborted transaction's records are never
+// applied, and an open transaction's wait until it commits. A
+// transaction's commit or abort marker (a control record) is queued like
+// a record but is neither an event nor a dead letter: a batch's offset
+// moves over it, and over the aborted records before it, as Kafka's
+// consumer's position does, so the stored offset, the Kafka commit and
+// Lag reach the log end when the last committed record is applied. A
+// batch of markers alone stores just its offset. Lag counts to the last
+// stable offset: the records of an open transaction are not in it.
+//
 // # Errors
 //
 // Errors are classified by sink.Classify: transient ones (connections,

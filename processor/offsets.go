@@ -22,16 +22,18 @@ import (
 )
 
 // logBounds is a partition's log: [start, end) where end is the high
-// watermark. known is false when the brokers could not be asked.
+// watermark, and stable its last stable offset (end but for the records
+// of open transactions). known is false when the brokers could not be
+// asked.
 type logBounds struct {
-	start, end int64
-	known      bool
+	start, end, stable int64
+	known              bool
 }
 
 // logBounds returns the log bounds of the partitions of topic: stored
-// offsets are checked against them, and the high watermark is the lag's
-// until a fetch brings records (an empty or caught-up partition's lag is
-// then 0, not unknown). Brokers that do not answer within a few attempts
+// offsets are checked against them, and the last stable offset is the
+// lag's until a fetch brings records (an empty or caught-up partition's
+// lag is then 0, not unknown). Brokers that do not answer within a few attempts
 // leave the bounds unknown (and the check undone), with a warning when an
 // offset was stored.
 func (c *Consumer) logBounds(ctx context.Context, topic string, leases map[int32]sink.Lease) map[int32]logBounds {
@@ -43,25 +45,30 @@ func (c *Consumer) logBounds(ctx context.Context, topic string, leases map[int32
 	adm := kadm.NewClient(c.cl)
 	var err error
 	for attempt := range 3 {
-		var starts, ends kadm.ListedOffsets
+		var starts, ends, stables kadm.ListedOffsets
 		lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 		starts, err = adm.ListStartOffsets(lctx, topic)
 		if err == nil {
 			ends, err = adm.ListEndOffsets(lctx, topic)
 		}
+		if err == nil {
+			stables, err = adm.ListCommittedOffsets(lctx, topic)
+		}
 		cancel()
 		if err == nil {
-			err = starts.Error()
-		}
-		if err == nil {
-			err = ends.Error()
+			err = errors.Join(starts.Error(), ends.Error(), stables.Error())
 		}
 		if err == nil {
 			for p := range leases {
 				s, okS := starts.Lookup(topic, p)
 				e, okE := ends.Lookup(topic, p)
+				st, okSt := stables.Lookup(topic, p)
 				if okS && okE {
-					out[p] = logBounds{start: s.Offset, end: e.Offset, known: true}
+					b := logBounds{start: s.Offset, end: e.Offset, stable: e.Offset, known: true}
+					if okSt && st.Offset >= 0 {
+						b.stable = min(st.Offset, e.Offset)
+					}
+					out[p] = b
 				}
 			}
 			return out

@@ -26,8 +26,11 @@ type PartitionState struct {
 	// the partition is caught up as far as its fetches go. Records not
 	// fetched yet do not count (the offset lag does).
 	Oldest time.Time
-	// Retrying is true while the partition's batch waits to be retried
-	// after an error.
+	// Retrying is true from a batch's first failure until records of it
+	// commit: while it waits to be retried, while it is tried again, and
+	// while the records of a batch that timed out are written again in
+	// smaller batches (each of which may wait its transaction's timeout).
+	// A partition whose batches commit is not retrying.
 	Retrying bool
 }
 

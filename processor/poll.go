@@ -85,7 +85,12 @@ func (c *Consumer) route(p kgo.FetchTopicPartition) {
 	part := c.parts[k]
 	var w *worker
 	if part != nil {
+		// Under read committed the end of what can be read is the last
+		// stable offset; a broker before Kafka 0.11 gives none (-1).
 		part.hw = p.HighWatermark
+		if p.LastStableOffset >= 0 {
+			part.hw = min(p.HighWatermark, p.LastStableOffset)
+		}
 		w = part.w
 	}
 	c.mu.Unlock()
@@ -97,7 +102,13 @@ func (c *Consumer) route(p kgo.FetchTopicPartition) {
 		c.cl.PauseFetchPartitions(map[string][]int32{k.topic: {k.partition}})
 		return
 	}
-	c.stats.records.Add(int64(len(p.Records)))
+	data := 0
+	for _, r := range p.Records {
+		if !r.Attrs.IsControl() {
+			data++
+		}
+	}
+	c.stats.records.Add(int64(data))
 	w.enqueue(p.Records)
 }
 

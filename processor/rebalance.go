@@ -104,7 +104,7 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 	defer c.mu.Unlock()
 	part := &partition{hw: -1}
 	if b.known {
-		part.hw, part.start = b.end, b.start
+		part.hw, part.start = b.stable, b.start
 	}
 	c.parts[k] = part
 	c.stats.assigned.Add(1)

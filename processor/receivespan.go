@@ -20,12 +20,13 @@ const attrEventID = "onceflow.event_id"
 // after KafkaOptions, runs in between and reads the id where the decoder
 // will (a header, the key, the offset, a JSON field), leaving the span
 // untagged when the id is missing or not a UUID (the record becomes a
-// dead letter). Without a recording span it costs a nil check.
+// dead letter). A transaction's marker (a control record) is no event:
+// its span stays untagged. Without a recording span it costs a nil check.
 type eventIDTag struct{ cfg DecodeConfig }
 
 // OnFetchRecordBuffered implements kgo.HookFetchRecordBuffered.
 func (h eventIDTag) OnFetchRecordBuffered(r *kgo.Record) {
-	if r.Context == nil {
+	if r.Context == nil || r.Attrs.IsControl() {
 		return
 	}
 	span := trace.SpanFromContext(r.Context)

@@ -38,6 +38,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 		switch why {
 		case committed:
 			recs, retry = recs[n:], false
+			w.setRetrying(false)
 			if len(recs) > 0 {
 				w.inflight.Store(recs[0]) // a prefix committed: the rest is in flight
 			}
@@ -47,7 +48,7 @@ func (w *worker) flush(recs []*kgo.Record) exit {
 				return stopped
 			}
 		case smaller:
-			retry = true
+			retry = true // and retrying, until a batch of them commits
 		default:
 			return why
 		}
@@ -97,6 +98,9 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 		attribute.Int64("onceflow.epoch", b.Epoch),
 		attribute.Int("messaging.batch.message_count", len(part)),
 		attribute.Int("onceflow.events", len(b.Events)),
+		// The records that cannot be decoded; once the batch commits,
+		// the dead letters it inserted (the events the handlers
+		// refused too, not those recorded by an earlier read).
 		attribute.Int("onceflow.dead_letters", len(b.DeadLetters)),
 	))
 	defer span.End()
@@ -150,6 +154,7 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 			// in every pass, do not stop a re-read from deferring).
 			w.wroteNothing = attempt == 1 && res.Applied == 0 && len(res.Rejected) == 0
 			span.SetAttributes(attribute.Int("onceflow.applied", res.Applied),
+				attribute.Int("onceflow.dead_letters", res.DeadLetters),
 				attribute.Int("onceflow.skipped_lru", res.SkippedLRU),
 				attribute.Int("onceflow.skipped_postgres", res.SkippedPostgres),
 				attribute.Int("onceflow.attempts", attempt),

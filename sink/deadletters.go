@@ -79,6 +79,23 @@ FROM unnest($1::bigint[], $2::text[]) AS n(id, note) WHERE d.id = n.id`, ids, no
 	return nil
 }
 
+// ReleaseDeadLetters ends the lease of the rows ids that are not marked
+// published: the next LeaseDeadLetters, of any publisher, may return them
+// again. A publisher calls it for the copies the broker refused, so they
+// are tried again after its backoff rather than when the lease runs out;
+// never for a copy whose produce may still be under way.
+func (w *Writer) ReleaseDeadLetters(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := w.pool.Exec(ctx, `UPDATE `+w.dead+` SET publish_after = NULL
+WHERE id = ANY($1::bigint[]) AND published_at IS NULL`, ids)
+	if err != nil {
+		return fmt.Errorf("release dead letters: %w", err)
+	}
+	return nil
+}
+
 // OldestUnpublishedDeadLetter returns the age, by Postgres' clock, of the
 // writer's group's oldest dead letter whose copy is not yet on the
 // dead-letter topic, or 0 when every one is. It reads one row of an index;
