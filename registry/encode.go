@@ -89,7 +89,7 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 	defer cancel()
 	ss, err := d.cl.CreateSchema(rctx, subject, sr.Schema{Schema: src.Text, Type: typ})
 	if err != nil {
-		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, 0))
+		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, false, 0, false))
 	}
 	e.id = ss.ID
 	return e, nil

@@ -593,3 +593,56 @@ func TestBrokenSchemaIsFetchedOnce(t *testing.T) {
 		t.Errorf("the schema was fetched %d times, want 1", n)
 	}
 }
+
+// TestSchemaIDsNoRegistryKnows: ids no registry assigns (0, and those
+// above 2^31-1, which Confluent's clients read as negative) and any 404
+// about an id from a registry that otherwise answers are each a
+// *DataError naming the id: the record is dead-lettered, never retried
+// for ever.
+func TestSchemaIDsNoRegistryKnows(t *testing.T) {
+	body := []byte{0x04, 'p', '1'}
+	frame := func(id uint32) []byte { return append([]byte{0, byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}, body...) }
+	check := func(t *testing.T, d *registry.Decoder, v []byte, name string) {
+		t.Helper()
+		_, err := d.Decode(t.Context(), registry.Avro, v)
+		var de *registry.DataError
+		if !errors.As(err, &de) {
+			t.Fatalf("got %v (%T), want a *registry.DataError", err, err)
+		}
+		if !strings.Contains(err.Error(), "schema id "+name) {
+			t.Errorf("error %q does not name schema id %s", err, name)
+		}
+		if registry.IsTransient(err) || registry.IsAuth(err) {
+			t.Errorf("classified transient or auth: %v", err)
+		}
+	}
+	for name, url := range registrytest.Registries(t) {
+		t.Run(name, func(t *testing.T) {
+			d := decoder(t, url)
+			if err := d.Check(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			check(t, d, frame(0), "0")
+			check(t, d, frame(0xFFFFFFFF), "4294967295")
+			check(t, d, frame(1<<31), "2147483648")
+		})
+	}
+	t.Run("404 without error code 40403 once the API answered", func(t *testing.T) {
+		fake := srfake.New()
+		defer fake.Close()
+		fake.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+			if strings.HasPrefix(r.URL.Path, "/schemas/ids/") {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = w.Write([]byte(`{"error_code":0,"message":"No content with id/hash 'contentId-424242' was found."}`))
+				return true
+			}
+			return false
+		})
+		d := decoder(t, fake.URL())
+		if err := d.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		check(t, d, frame(424242), "424242")
+	})
+}
