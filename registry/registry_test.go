@@ -601,7 +601,9 @@ func TestBrokenSchemaIsFetchedOnce(t *testing.T) {
 // for ever.
 func TestSchemaIDsNoRegistryKnows(t *testing.T) {
 	body := []byte{0x04, 'p', '1'}
-	frame := func(id uint32) []byte { return append([]byte{0, byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}, body...) }
+	frame := func(id uint32) []byte {
+		return append([]byte{0, byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}, body...)
+	}
 	check := func(t *testing.T, d *registry.Decoder, v []byte, name string) {
 		t.Helper()
 		_, err := d.Decode(t.Context(), registry.Avro, v)
