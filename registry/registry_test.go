@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/onceflow/onceflow/registry"
@@ -647,4 +650,85 @@ func TestSchemaIDsNoRegistryKnows(t *testing.T) {
 		}
 		check(t, d, frame(424242), "424242")
 	})
+}
+
+// descriptorForm is a .proto in the form Confluent's Python serializer
+// registers: its FileDescriptorProto, serialized, in base64.
+func descriptorForm(t *testing.T, name string, srcs map[string]string) string {
+	t.Helper()
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(srcs)})}
+	fs, err := c.Compile(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := protodesc.ToFileDescriptorProto(fs[0])
+	// Python's serialized_pb leaves json_name out.
+	for _, m := range fd.MessageType {
+		for _, f := range m.Field {
+			f.JsonName = nil
+		}
+	}
+	b, err := proto.Marshal(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// TestProtobufDescriptorForm: a schema registered as a base64
+// FileDescriptorProto (Confluent's Python serializer), with an import
+// registered the same way and well-known types it does not register,
+// decodes like its .proto text.
+func TestProtobufDescriptorForm(t *testing.T) {
+	common := "syntax = \"proto3\";\npackage shop.common;\nmessage Money { string currency = 1; int64 units = 2; int64 small_units = 3; }\n"
+	order := "syntax = \"proto3\";\npackage shop;\nimport \"common.proto\";\nimport \"google/protobuf/timestamp.proto\";\n" +
+		"message First { string a = 1; }\nmessage Order { string id = 1; shop.common.Money price = 2; google.protobuf.Timestamp at = 3;\n" +
+		"  message Line { string sku = 1; } repeated Line lines = 4; }\n"
+	srcs := map[string]string{"order.proto": order, "common.proto": common}
+	for name, url := range registrytest.Registries(t) {
+		t.Run(name, func(t *testing.T) {
+			d := decoder(t, url)
+			cs := subject(t)
+			registrytest.Register(t, url, cs, sr.Schema{Schema: descriptorForm(t, "common.proto", srcs), Type: sr.TypeProtobuf})
+			id := registrytest.Register(t, url, subject(t), sr.Schema{Schema: descriptorForm(t, "order.proto", srcs), Type: sr.TypeProtobuf,
+				References: []sr.SchemaReference{{Name: "common.proto", Subject: cs, Version: 1}}})
+			md := compileMessage2(t, srcs, "order.proto", "Order")
+			m := dynamicpb.NewMessage(md)
+			if err := protojson.Unmarshal([]byte(`{"id":"o1","price":{"currency":"EUR","units":5},"at":"2026-01-31T12:30:45Z","lines":[{"sku":"s1"}]}`), m); err != nil {
+				t.Fatal(err)
+			}
+			pb, _ := proto.Marshal(m)
+			got, err := d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, id, []int{1}, pb))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, w := compact(t, got), `{"at":"2026-01-31T12:30:45Z","id":"o1","lines":[{"sku":"s1"}],"price":{"currency":"EUR","small_units":"0","units":"5"}}`; g != w {
+				t.Errorf("got %s, want %s", g, w)
+			}
+			got, err = d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, id, []int{1, 0}, []byte{0x0a, 0x02, 's', '2'}))
+			if err != nil || compact(t, got) != `{"sku":"s2"}` {
+				t.Errorf("nested message: got %s, %v", got, err)
+			}
+			// Base64 that is no FileDescriptorProto is a schema that does
+			// not compile: a dead letter naming the id.
+			bad := registrytest.Register(t, url, subject(t), sr.Schema{Schema: base64.StdEncoding.EncodeToString([]byte("\xff\xff not a descriptor")), Type: sr.TypeProtobuf})
+			_, err = d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, bad, []int{0}, nil))
+			var de *registry.DataError
+			if !errors.As(err, &de) || !strings.Contains(err.Error(), "does not compile") {
+				t.Errorf("a broken descriptor: got %v, want a dead letter saying the schema does not compile", err)
+			}
+		})
+	}
+}
+
+func compileMessage2(t *testing.T, srcs map[string]string, file, msg string) protoreflect.MessageDescriptor {
+	t.Helper()
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(srcs)})}
+	fs, err := c.Compile(t.Context(), file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs[0].Messages().ByName(protoreflect.Name(msg))
 }
