@@ -7,8 +7,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
+	"io/fs"
 	"math"
 	"math/big"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,11 +43,16 @@ type Encoder struct {
 // Source is the schema an Encoder writes with.
 type Source struct {
 	Kind Kind
-	// Text is the schema: Avro JSON, or a .proto file whose imports are
-	// google/protobuf/* only.
+	// Text is the schema: Avro JSON, or a .proto file.
 	Text string
-	// Message names the Protobuf message (its full name, or its name when
-	// that is unique in the file); default the file's first.
+	// Path is the file Text was read from, named in errors; a .proto's
+	// imports are resolved relative to its directory (google/protobuf/*
+	// are built in). Empty: Text imports google/protobuf/* only.
+	Path string
+	// Message names the Protobuf message: relative to the file's package
+	// as protoc resolves it (Order.Line), full (shop.Order.Line or
+	// .shop.Order.Line), or its name alone when that is unique in the
+	// file; default the file's first.
 	Message string
 }
 
@@ -52,7 +61,11 @@ type Source struct {
 // wrong with src, or are the registry's (IsAuth, IsTransient).
 func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*Encoder, error) {
 	e := &Encoder{kind: src.Kind}
-	var typ sr.SchemaType
+	var (
+		typ   sr.SchemaType
+		files *protoFiles                 // Protobuf: the files read
+		root  protoreflect.FileDescriptor // Protobuf: the compiled schema
+	)
 	switch src.Kind {
 	case Avro:
 		typ = sr.TypeAvro
@@ -63,14 +76,17 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 		e.avro = s
 	case Protobuf:
 		typ = sr.TypeProtobuf
-		const self = "schema.proto"
-		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-			Accessor: protocompile.SourceAccessorFromMap(map[string]string{self: src.Text})})}
-		fs, err := c.Compile(ctx, self)
+		files = &protoFiles{self: "schema.proto", text: src.Text, read: map[string]string{}}
+		if src.Path != "" {
+			files.self, files.dir = filepath.Base(src.Path), filepath.Dir(src.Path)
+		}
+		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{Accessor: files.open})}
+		compiled, err := c.Compile(ctx, files.self)
 		if err != nil {
 			return nil, fmt.Errorf("protobuf schema: %w", err)
 		}
-		if e.msg, e.index, err = findMessage(fs[0], src.Message); err != nil {
+		root = compiled[0]
+		if e.msg, e.index, err = findMessage(root, src.Message); err != nil {
 			return nil, err
 		}
 	default:
@@ -87,12 +103,82 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 	defer d.Close()
 	rctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
-	ss, err := d.cl.CreateSchema(rctx, subject, sr.Schema{Schema: src.Text, Type: typ})
+	schema := sr.Schema{Schema: src.Text, Type: typ}
+	if files != nil {
+		refs := map[string]sr.SchemaReference{}
+		if schema.References, err = files.register(ctx, d.cl, d.timeout, root, refs); err != nil {
+			return nil, err
+		}
+	}
+	ss, err := d.cl.CreateSchema(rctx, subject, schema)
 	if err != nil {
 		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, false, 0, false))
 	}
 	e.id = ss.ID
 	return e, nil
+}
+
+// protoFiles are the .proto files an Encoder's schema is compiled from:
+// the schema's own text, and the files it imports, read from its
+// directory.
+type protoFiles struct {
+	self string            // the schema's name
+	text string            // its text
+	dir  string            // where its imports are; "" when it has no file
+	read map[string]string // the imports read from dir, by import path
+}
+
+// open is the compiler's accessor: the schema, or an import from dir.
+// google/protobuf/* not found there are the compiler's built-ins.
+func (p *protoFiles) open(path string) (io.ReadCloser, error) {
+	if path == p.self {
+		return io.NopCloser(strings.NewReader(p.text)), nil
+	}
+	if p.dir == "" || !filepath.IsLocal(filepath.FromSlash(path)) {
+		return nil, fs.ErrNotExist
+	}
+	b, err := os.ReadFile(filepath.Join(p.dir, filepath.FromSlash(path)))
+	if err != nil {
+		return nil, err
+	}
+	p.read[path] = string(b)
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// register registers each file f imports from dir (and theirs first)
+// under a subject named by its import path, as Confluent's serializers
+// do, and returns f's references to them. done holds the references made
+// so far, by import path.
+// Each request is bounded by timeout.
+func (p *protoFiles) register(ctx context.Context, cl *sr.Client, timeout time.Duration, f protoreflect.FileDescriptor, done map[string]sr.SchemaReference) ([]sr.SchemaReference, error) {
+	var refs []sr.SchemaReference
+	imps := f.Imports()
+	for i := range imps.Len() {
+		imp := imps.Get(i).FileDescriptor
+		path := imp.Path()
+		text, ok := p.read[path]
+		if !ok {
+			continue // a built-in google/protobuf/* file
+		}
+		if ref, ok := done[path]; ok {
+			refs = append(refs, ref)
+			continue
+		}
+		theirs, err := p.register(ctx, cl, timeout, imp, done)
+		if err != nil {
+			return nil, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		ss, err := cl.CreateSchema(rctx, path, sr.Schema{Schema: text, Type: sr.TypeProtobuf, References: theirs})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("register import %s under subject %s: %w", path, path, classify(err, false, 0, false))
+		}
+		ref := sr.SchemaReference{Name: path, Subject: path, Version: ss.Version}
+		done[path] = ref
+		refs = append(refs, ref)
+	}
+	return refs, nil
 }
 
 // ID is the schema id the registry gave the schema.
@@ -122,8 +208,14 @@ func findMessage(f protoreflect.FileDescriptor, name string) (protoreflect.Messa
 		return all[0].md, all[0].index, nil
 	}
 	var hits []found
+	// As protoc resolves a name: full (a leading dot says so), else
+	// relative to the file's package.
+	inPkg := name
+	if pkg := f.Package(); pkg != "" && !strings.HasPrefix(name, ".") {
+		inPkg = string(pkg) + "." + name
+	}
 	for _, m := range all {
-		if string(m.md.FullName()) == name || string(m.md.FullName()) == strings.TrimPrefix(name, ".") {
+		if full := string(m.md.FullName()); full == inPkg || full == name || full == strings.TrimPrefix(name, ".") {
 			return m.md, m.index, nil
 		}
 		if string(m.md.Name()) == name {

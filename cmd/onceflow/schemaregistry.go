@@ -67,7 +67,7 @@ func (f framedValues) encoder(ctx context.Context, a *app, topic string) (func([
 	switch f.format {
 	case "":
 		if f.schema != "" || f.message != "" || f.subject != "" {
-			return nil, fmt.Errorf("--schema, --message and --subject need --format avro or protobuf")
+			return nil, fmt.Errorf("--schema, --message and --subject need --format avro or protobuf (the values would be sent as they are)")
 		}
 		return func(v []byte) ([]byte, error) { return v, nil }, nil
 	case string(schemaregistry.Avro), string(schemaregistry.Protobuf):
@@ -95,7 +95,7 @@ func (f framedValues) encoder(ctx context.Context, a *app, topic string) (func([
 	if subject == "" {
 		subject = topic + "-value"
 	}
-	e, err := schemaregistry.NewEncoder(ctx, rc, subject, schemaregistry.Source{Kind: schemaregistry.Kind(f.format), Text: string(text), Message: f.message})
+	e, err := schemaregistry.NewEncoder(ctx, rc, subject, schemaregistry.Source{Kind: schemaregistry.Kind(f.format), Text: string(text), Path: f.schema, Message: f.message})
 	if err != nil {
 		return nil, schemaRegistryRefused(err)
 	}
