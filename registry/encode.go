@@ -372,7 +372,7 @@ func appendAvro(b []byte, s avro.Schema, v any, at string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %s fits no branch of the union: %s", at, describe(v), strings.Join(errs, "; "))
 	case *avro.FixedSchema:
 		if l := s.Logical(); l != nil && l.Type() == avro.Decimal {
-			u, err := unscaled(v, l.(*avro.DecimalLogicalSchema).Scale(), at)
+			u, err := unscaled(v, l.(*avro.DecimalLogicalSchema), at)
 			if err != nil {
 				return nil, err
 			}
@@ -420,6 +420,10 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 		t, err := time.Parse(layout, str)
 		return t, isStr && err == nil
 	}
+	below := func(unit time.Duration) ([]byte, error) {
+		name := map[time.Duration]string{time.Millisecond: "millisecond", time.Microsecond: "microsecond"}[unit]
+		return nil, fmt.Errorf("%s: %s has digits below the %s, which %s cannot hold", at, describe(v), name, logical)
+	}
 	switch s.Type() {
 	case avro.Null:
 		if v != nil {
@@ -448,6 +452,9 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 			if !ok {
 				return bad(`a time of day, "15:04:05.000"`)
 			}
+			if t.Nanosecond()%int(time.Millisecond) != 0 {
+				return below(time.Millisecond)
+			}
 			return appendLong(b, t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)).Milliseconds()), nil
 		}
 		n, err := strconv.ParseInt(string(num), 10, 32)
@@ -462,11 +469,19 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 			if !ok {
 				return bad(`a time of day, "15:04:05.000000"`)
 			}
+			if t.Nanosecond()%int(time.Microsecond) != 0 {
+				return below(time.Microsecond)
+			}
 			return appendLong(b, t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()), nil
 		case avro.TimestampMillis, avro.TimestampMicros:
 			t, ok := parseTime(time.RFC3339Nano)
 			if !ok {
 				return bad(`a timestamp, "2006-01-02T15:04:05.000Z"`)
+			}
+			if unit := time.Microsecond; logical == avro.TimestampMillis && t.Nanosecond()%int(time.Millisecond) != 0 {
+				return below(time.Millisecond)
+			} else if t.Nanosecond()%int(unit) != 0 {
+				return below(unit)
 			}
 			if logical == avro.TimestampMillis {
 				return appendLong(b, t.UnixMilli()), nil
@@ -476,6 +491,11 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 			t, ok := parseTime("2006-01-02T15:04:05.999999999")
 			if !ok {
 				return bad(`a local timestamp, "2006-01-02T15:04:05.000"`)
+			}
+			if unit := time.Microsecond; logical == avro.LocalTimestampMillis && t.Nanosecond()%int(time.Millisecond) != 0 {
+				return below(time.Millisecond)
+			} else if t.Nanosecond()%int(unit) != 0 {
+				return below(unit)
 			}
 			if logical == avro.LocalTimestampMillis {
 				return appendLong(b, t.UnixMilli()), nil
@@ -521,7 +541,7 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 	case avro.Bytes:
 		var raw []byte
 		if logical == avro.Decimal {
-			u, err := unscaled(v, s.Logical().(*avro.DecimalLogicalSchema).Scale(), at)
+			u, err := unscaled(v, s.Logical().(*avro.DecimalLogicalSchema), at)
 			if err != nil {
 				return nil, err
 			}
@@ -539,8 +559,10 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 }
 
 // unscaled is v, a decimal as a number or a string, times 10^scale: an
-// integer, or an error when v has more decimals than scale.
-func unscaled(v any, scale int, at string) (*big.Int, error) {
+// integer, or an error when v has more decimals than the scale or more
+// digits than the precision (Java's Avro refuses both).
+func unscaled(v any, d *avro.DecimalLogicalSchema, at string) (*big.Int, error) {
+	scale, precision := d.Scale(), d.Precision()
 	var text string
 	switch x := v.(type) {
 	case json.Number:
@@ -557,6 +579,10 @@ func unscaled(v any, scale int, at string) (*big.Int, error) {
 	r.Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(scale)), nil)))
 	if !r.IsInt() {
 		return nil, fmt.Errorf("%s: %s has more than %d decimals", at, text, scale)
+	}
+	if digits := len(new(big.Int).Abs(r.Num()).String()); precision > 0 && digits > precision {
+		return nil, fmt.Errorf("%s: %s has %d digits, more than the decimal's precision %d (scale %d: at most %d before the point)",
+			at, text, digits, precision, scale, precision-scale)
 	}
 	return r.Num(), nil
 }

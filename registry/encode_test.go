@@ -176,3 +176,43 @@ func TestEncoderMessageNames(t *testing.T) {
 		}
 	}
 }
+
+// TestEncoderRefusesWhatTheSchemaCannotHold: a decimal over its declared
+// precision, and a time with digits below the unit of its logical type,
+// are refused (as Java's Avro refuses them), not sent changed.
+func TestEncoderRefusesWhatTheSchemaCannotHold(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	schema := `{"type":"record","name":"R","fields":[
+	 {"name":"amount","type":["null",{"type":"bytes","logicalType":"decimal","precision":12,"scale":2}],"default":null},
+	 {"name":"fixed","type":["null",{"type":"fixed","name":"F","size":16,"logicalType":"decimal","precision":4,"scale":1}],"default":null},
+	 {"name":"ms","type":["null",{"type":"long","logicalType":"timestamp-millis"}],"default":null},
+	 {"name":"us","type":["null",{"type":"long","logicalType":"timestamp-micros"}],"default":null},
+	 {"name":"lms","type":["null",{"type":"long","logicalType":"local-timestamp-millis"}],"default":null},
+	 {"name":"tms","type":["null",{"type":"int","logicalType":"time-millis"}],"default":null},
+	 {"name":"tus","type":["null",{"type":"long","logicalType":"time-micros"}],"default":null}]}`
+	e, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "r-value", registry.Source{Kind: registry.Avro, Text: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []string{`{"amount":9999999999.99}`, `{"amount":"-9999999999.99"}`, `{"fixed":999.9}`,
+		`{"ms":"2026-01-31T12:30:45.123Z"}`, `{"us":"2026-01-31T12:30:45.123456Z"}`, `{"lms":"2026-01-31T12:30:45.123"}`,
+		`{"tms":"03:04:05.006"}`, `{"tus":"03:04:05.006007"}`} {
+		if _, err := e.Encode([]byte(ok)); err != nil {
+			t.Errorf("Encode(%s): %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ value, want string }{
+		{`{"amount":99999999999.99}`, "precision 12"},
+		{`{"amount":"-99999999999.99"}`, "precision 12"},
+		{`{"fixed":1000.0}`, "precision 4"},
+		{`{"ms":"2026-01-31T12:30:45.1234Z"}`, "below the millisecond"},
+		{`{"us":"2026-01-31T12:30:45.1234567Z"}`, "below the microsecond"},
+		{`{"lms":"2026-01-31T12:30:45.1239"}`, "below the millisecond"},
+		{`{"tms":"03:04:05.0061"}`, "below the millisecond"},
+		{`{"tus":"03:04:05.0060071"}`, "below the microsecond"},
+	} {
+		if _, err := e.Encode([]byte(c.value)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Encode(%s): %v, want an error containing %q", c.value, err, c.want)
+		}
+	}
+}
