@@ -231,6 +231,9 @@ http:
 	if err == nil || !strings.Contains(err.Error(), "refused the credentials") || !strings.Contains(err.Error(), "decode.schema_registry.password") {
 		t.Fatalf("run: %v, want an error saying the registry refused the credentials and naming decode.schema_registry.password", err)
 	}
+	if n := strings.Count(err.Error(), "check decode.schema_registry"); n != 1 {
+		t.Errorf("the error names the keys to check %d times, want once: %v", n, err)
+	}
 	if strings.Contains(err.Error(), "wrong-password") {
 		t.Errorf("the error reveals the password: %v", err)
 	}
