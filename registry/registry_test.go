@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -731,4 +732,41 @@ func compileMessage2(t *testing.T, srcs map[string]string, file, msg string) pro
 		t.Fatal(err)
 	}
 	return fs[0].Messages().ByName(protoreflect.Name(msg))
+}
+
+// TestAvroTimesOutOfRange: a time of day outside the day, and a date or
+// timestamp before year 1 (which Postgres cannot read back from the
+// payload), are each a *DataError saying so, not a value that wraps.
+func TestAvroTimesOutOfRange(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	d := decoder(t, url)
+	year0 := time.Date(0, 12, 31, 0, 0, 0, 0, time.UTC)
+	long := func(v int64) []byte { return binary.AppendVarint(nil, v) }
+	for _, c := range []struct {
+		logical, typ string
+		body         []byte
+		want         string // "" decodes
+	}{
+		{"time-millis", "int", long(86399999), ""},
+		{"time-millis", "int", long(259200000), "outside the day"},
+		{"time-millis", "int", long(-5), "outside the day"},
+		{"time-micros", "long", long(86400000000), "outside the day"},
+		{"time-micros", "long", long(-1), "outside the day"},
+		{"date", "int", long(-719162), ""}, // 0001-01-01
+		{"date", "int", long(year0.Unix() / 86400), "before year 1"},
+		{"timestamp-millis", "long", long(year0.UnixMilli()), "before year 1"},
+		{"timestamp-micros", "long", long(year0.UnixMicro()), "before year 1"},
+		{"local-timestamp-millis", "long", long(year0.UnixMilli()), "before year 1"},
+		{"local-timestamp-micros", "long", long(year0.UnixMicro()), "before year 1"},
+	} {
+		id := registrytest.Register(t, url, c.logical+"-value", sr.Schema{Schema: `{"type":"` + c.typ + `","logicalType":"` + c.logical + `"}`})
+		got, err := d.Decode(t.Context(), registry.Avro, registrytest.Frame(t, id, nil, c.body))
+		var de *registry.DataError
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s %x: %v", c.logical, c.body, err)
+		case c.want != "" && (!errors.As(err, &de) || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s %x: got %s, %v; want a *DataError containing %q", c.logical, c.body, got, err, c.want)
+		}
+	}
 }
