@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -69,9 +70,13 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 	switch src.Kind {
 	case Avro:
 		typ = sr.TypeAvro
+		name := src.Path
+		if name == "" {
+			name = "avro schema"
+		}
 		s, err := avro.ParseWithCache(src.Text, "", &avro.SchemaCache{})
 		if err != nil {
-			return nil, fmt.Errorf("avro schema: %w", err)
+			return nil, fmt.Errorf("%s: %w", name, avroSchemaError(src.Text, err))
 		}
 		e.avro = s
 	case Protobuf:
@@ -179,6 +184,37 @@ func (p *protoFiles) register(ctx context.Context, cl *sr.Client, timeout time.D
 		refs = append(refs, ref)
 	}
 	return refs, nil
+}
+
+// avroSchemaError is err, hamba/avro's for text, or where text stops
+// being JSON when it does (hamba/avro reports JSON that does not parse as
+// an unknown type; it also takes a bare primitive name, so JSON is not
+// asked for first).
+func avroSchemaError(text string, err error) error {
+	if jerr := checkJSON(text); jerr != nil {
+		return jerr
+	}
+	return err
+}
+
+// checkJSON returns an error saying where text stops being JSON, if it
+// does.
+func checkJSON(text string) error {
+	var v any
+	err := json.Unmarshal([]byte(text), &v)
+	var se *json.SyntaxError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		line := 1 + strings.Count(text[:se.Offset], "\n")
+		col := int(se.Offset) - strings.LastIndex(text[:se.Offset], "\n") - 1
+		return fmt.Errorf("not valid JSON at line %d, column %d: %w", line, col+1, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("not valid JSON: it ends before the schema does (truncated?)")
+	default:
+		return fmt.Errorf("not valid JSON: %w", err)
+	}
 }
 
 // ID is the schema id the registry gave the schema.

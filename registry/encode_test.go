@@ -216,3 +216,14 @@ func TestEncoderRefusesWhatTheSchemaCannotHold(t *testing.T) {
 		}
 	}
 }
+
+// TestEncoderAvroSchemaNotJSON: a truncated .avsc is reported as JSON
+// that does not parse, where, not as an unknown Avro type.
+func TestEncoderAvroSchemaNotJSON(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	text := "{\"type\":\"record\",\"name\":\"R\",\n \"fields\":[{\"name\":\"a\",\"type\":\"string\"}"
+	_, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "r-value", registry.Source{Kind: registry.Avro, Text: text, Path: "r.avsc"})
+	if err == nil || !strings.Contains(err.Error(), "not valid JSON") || !strings.Contains(err.Error(), "r.avsc") || strings.Contains(err.Error(), "unknown type") {
+		t.Errorf("a truncated .avsc: got %v, want an error naming r.avsc and saying it is not valid JSON", err)
+	}
+}

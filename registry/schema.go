@@ -45,12 +45,12 @@ func (s *schema) compile(text string, refs []reference) error {
 		cache := &avro.SchemaCache{}
 		for _, r := range refs {
 			if _, err := avro.ParseWithCache(r.text, "", cache); err != nil {
-				return fmt.Errorf("reference %q: %w", r.name, err)
+				return fmt.Errorf("reference %q: %w", r.name, avroSchemaError(r.text, err))
 			}
 		}
 		sch, err := avro.ParseWithCache(text, "", cache)
 		if err != nil {
-			return err
+			return avroSchemaError(text, err)
 		}
 		s.avro = sch
 		return nil
