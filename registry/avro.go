@@ -128,6 +128,32 @@ func (r *avroReader) string(what string) string {
 	return string(b)
 }
 
+// dayMillis is the milliseconds of a day: a time-millis is below it.
+const dayMillis = 24 * 60 * 60 * 1000
+
+// time writes t, a date or timestamp of type logical, in layout. A year
+// before 1 fails: Go would write it as year 0000 or -0001, which
+// Postgres's date and timestamp refuse, so a handler could not read it.
+func (r *avroReader) time(logical avro.LogicalType, t time.Time, layout string) {
+	t = t.UTC()
+	if t.Year() < 1 {
+		r.fail("%s %s is before year 1", logical, t.Format("2006-01-02"))
+		return
+	}
+	r.out = appendQuoted(r.out, t.AppendFormat(nil, layout))
+}
+
+// timeOfDay writes v, a time of type logical counted in unit since
+// midnight, in layout; a value outside the day (0 to day-1) fails rather
+// than wrap.
+func (r *avroReader) timeOfDay(logical avro.LogicalType, v, day int64, unit time.Duration, layout string) {
+	if v < 0 || v >= day {
+		r.fail("%s %d is outside the day (0 to %d)", logical, v, day-1)
+		return
+	}
+	r.out = appendQuoted(r.out, time.Unix(0, 0).Add(time.Duration(v)*unit).UTC().AppendFormat(nil, layout))
+}
+
 // value reads one value of s and writes its JSON.
 func (r *avroReader) value(s avro.Schema, depth int) {
 	if r.err != "" {
@@ -273,9 +299,9 @@ func (r *avroReader) primitive(s *avro.PrimitiveSchema) {
 		}
 		switch logical {
 		case avro.Date:
-			r.out = appendQuoted(r.out, time.Unix(int64(v)*86400, 0).UTC().AppendFormat(nil, "2006-01-02"))
+			r.time(logical, time.Unix(int64(v)*86400, 0), "2006-01-02")
 		case avro.TimeMillis:
-			r.out = appendQuoted(r.out, time.UnixMilli(int64(v)).UTC().AppendFormat(nil, "15:04:05.000"))
+			r.timeOfDay(logical, int64(v), int64(dayMillis), time.Millisecond, "15:04:05.000")
 		default:
 			r.out = strconv.AppendInt(r.out, int64(v), 10)
 		}
@@ -286,15 +312,15 @@ func (r *avroReader) primitive(s *avro.PrimitiveSchema) {
 		}
 		switch logical {
 		case avro.TimeMicros:
-			r.out = appendQuoted(r.out, time.UnixMicro(v).UTC().AppendFormat(nil, "15:04:05.000000"))
+			r.timeOfDay(logical, v, dayMillis*1000, time.Microsecond, "15:04:05.000000")
 		case avro.TimestampMillis:
-			r.out = appendQuoted(r.out, time.UnixMilli(v).UTC().AppendFormat(nil, "2006-01-02T15:04:05.000Z"))
+			r.time(logical, time.UnixMilli(v), "2006-01-02T15:04:05.000Z")
 		case avro.TimestampMicros:
-			r.out = appendQuoted(r.out, time.UnixMicro(v).UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z"))
+			r.time(logical, time.UnixMicro(v), "2006-01-02T15:04:05.000000Z")
 		case avro.LocalTimestampMillis:
-			r.out = appendQuoted(r.out, time.UnixMilli(v).UTC().AppendFormat(nil, "2006-01-02T15:04:05.000"))
+			r.time(logical, time.UnixMilli(v), "2006-01-02T15:04:05.000")
 		case avro.LocalTimestampMicros:
-			r.out = appendQuoted(r.out, time.UnixMicro(v).UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000"))
+			r.time(logical, time.UnixMicro(v), "2006-01-02T15:04:05.000000")
 		default:
 			r.out = strconv.AppendInt(r.out, v, 10)
 		}

@@ -8,7 +8,9 @@
 //
 // Writer schemas are fetched by id from a registry that speaks Confluent's
 // REST API (franz-go's pkg/sr client), with their references, compiled
-// once and kept in a bounded cache shared by every partition.
+// once and kept in a bounded cache shared by every partition. A Protobuf
+// schema or reference is .proto text or a base64 serialized
+// FileDescriptorProto (the form Confluent's Python serializer registers).
 //
 // # What a value becomes
 //

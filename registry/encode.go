@@ -6,9 +6,14 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"math"
 	"math/big"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,11 +44,16 @@ type Encoder struct {
 // Source is the schema an Encoder writes with.
 type Source struct {
 	Kind Kind
-	// Text is the schema: Avro JSON, or a .proto file whose imports are
-	// google/protobuf/* only.
+	// Text is the schema: Avro JSON, or a .proto file.
 	Text string
-	// Message names the Protobuf message (its full name, or its name when
-	// that is unique in the file); default the file's first.
+	// Path is the file Text was read from, named in errors; a .proto's
+	// imports are resolved relative to its directory (google/protobuf/*
+	// are built in). Empty: Text imports google/protobuf/* only.
+	Path string
+	// Message names the Protobuf message: relative to the file's package
+	// as protoc resolves it (Order.Line), full (shop.Order.Line or
+	// .shop.Order.Line), or its name alone when that is unique in the
+	// file; default the file's first.
 	Message string
 }
 
@@ -52,25 +62,36 @@ type Source struct {
 // wrong with src, or are the registry's (IsAuth, IsTransient).
 func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*Encoder, error) {
 	e := &Encoder{kind: src.Kind}
-	var typ sr.SchemaType
+	var (
+		typ   sr.SchemaType
+		files *protoFiles                 // Protobuf: the files read
+		root  protoreflect.FileDescriptor // Protobuf: the compiled schema
+	)
 	switch src.Kind {
 	case Avro:
 		typ = sr.TypeAvro
+		name := src.Path
+		if name == "" {
+			name = "avro schema"
+		}
 		s, err := avro.ParseWithCache(src.Text, "", &avro.SchemaCache{})
 		if err != nil {
-			return nil, fmt.Errorf("avro schema: %w", err)
+			return nil, fmt.Errorf("%s: %w", name, avroSchemaError(src.Text, err))
 		}
 		e.avro = s
 	case Protobuf:
 		typ = sr.TypeProtobuf
-		const self = "schema.proto"
-		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-			Accessor: protocompile.SourceAccessorFromMap(map[string]string{self: src.Text})})}
-		fs, err := c.Compile(ctx, self)
+		files = &protoFiles{self: "schema.proto", text: src.Text, read: map[string]string{}}
+		if src.Path != "" {
+			files.self, files.dir = filepath.Base(src.Path), filepath.Dir(src.Path)
+		}
+		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{Accessor: files.open})}
+		compiled, err := c.Compile(ctx, files.self)
 		if err != nil {
 			return nil, fmt.Errorf("protobuf schema: %w", err)
 		}
-		if e.msg, e.index, err = findMessage(fs[0], src.Message); err != nil {
+		root = compiled[0]
+		if e.msg, e.index, err = findMessage(root, src.Message); err != nil {
 			return nil, err
 		}
 	default:
@@ -87,12 +108,113 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 	defer d.Close()
 	rctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
-	ss, err := d.cl.CreateSchema(rctx, subject, sr.Schema{Schema: src.Text, Type: typ})
+	schema := sr.Schema{Schema: src.Text, Type: typ}
+	if files != nil {
+		refs := map[string]sr.SchemaReference{}
+		if schema.References, err = files.register(ctx, d.cl, d.timeout, root, refs); err != nil {
+			return nil, err
+		}
+	}
+	ss, err := d.cl.CreateSchema(rctx, subject, schema)
 	if err != nil {
-		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, 0))
+		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, false, 0, false))
 	}
 	e.id = ss.ID
 	return e, nil
+}
+
+// protoFiles are the .proto files an Encoder's schema is compiled from:
+// the schema's own text, and the files it imports, read from its
+// directory.
+type protoFiles struct {
+	self string            // the schema's name
+	text string            // its text
+	dir  string            // where its imports are; "" when it has no file
+	read map[string]string // the imports read from dir, by import path
+}
+
+// open is the compiler's accessor: the schema, or an import from dir.
+// google/protobuf/* not found there are the compiler's built-ins.
+func (p *protoFiles) open(path string) (io.ReadCloser, error) {
+	if path == p.self {
+		return io.NopCloser(strings.NewReader(p.text)), nil
+	}
+	if p.dir == "" || !filepath.IsLocal(filepath.FromSlash(path)) {
+		return nil, fs.ErrNotExist
+	}
+	b, err := os.ReadFile(filepath.Join(p.dir, filepath.FromSlash(path)))
+	if err != nil {
+		return nil, err
+	}
+	p.read[path] = string(b)
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+// register registers each file f imports from dir (and theirs first)
+// under a subject named by its import path, as Confluent's serializers
+// do, and returns f's references to them. done holds the references made
+// so far, by import path.
+// Each request is bounded by timeout.
+func (p *protoFiles) register(ctx context.Context, cl *sr.Client, timeout time.Duration, f protoreflect.FileDescriptor, done map[string]sr.SchemaReference) ([]sr.SchemaReference, error) {
+	var refs []sr.SchemaReference
+	imps := f.Imports()
+	for i := range imps.Len() {
+		imp := imps.Get(i).FileDescriptor
+		path := imp.Path()
+		text, ok := p.read[path]
+		if !ok {
+			continue // a built-in google/protobuf/* file
+		}
+		if ref, ok := done[path]; ok {
+			refs = append(refs, ref)
+			continue
+		}
+		theirs, err := p.register(ctx, cl, timeout, imp, done)
+		if err != nil {
+			return nil, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		ss, err := cl.CreateSchema(rctx, path, sr.Schema{Schema: text, Type: sr.TypeProtobuf, References: theirs})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("register import %s under subject %s: %w", path, path, classify(err, false, 0, false))
+		}
+		ref := sr.SchemaReference{Name: path, Subject: path, Version: ss.Version}
+		done[path] = ref
+		refs = append(refs, ref)
+	}
+	return refs, nil
+}
+
+// avroSchemaError is err, hamba/avro's for text, or where text stops
+// being JSON when it does (hamba/avro reports JSON that does not parse as
+// an unknown type; it also takes a bare primitive name, so JSON is not
+// asked for first).
+func avroSchemaError(text string, err error) error {
+	if jerr := checkJSON(text); jerr != nil {
+		return jerr
+	}
+	return err
+}
+
+// checkJSON returns an error saying where text stops being JSON, if it
+// does.
+func checkJSON(text string) error {
+	var v any
+	err := json.Unmarshal([]byte(text), &v)
+	var se *json.SyntaxError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		line := 1 + strings.Count(text[:se.Offset], "\n")
+		col := int(se.Offset) - strings.LastIndex(text[:se.Offset], "\n") - 1
+		return fmt.Errorf("not valid JSON at line %d, column %d: %w", line, col+1, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("not valid JSON: it ends before the schema does (truncated?)")
+	default:
+		return fmt.Errorf("not valid JSON: %w", err)
+	}
 }
 
 // ID is the schema id the registry gave the schema.
@@ -122,8 +244,14 @@ func findMessage(f protoreflect.FileDescriptor, name string) (protoreflect.Messa
 		return all[0].md, all[0].index, nil
 	}
 	var hits []found
+	// As protoc resolves a name: full (a leading dot says so), else
+	// relative to the file's package.
+	inPkg := name
+	if pkg := f.Package(); pkg != "" && !strings.HasPrefix(name, ".") {
+		inPkg = string(pkg) + "." + name
+	}
 	for _, m := range all {
-		if string(m.md.FullName()) == name || string(m.md.FullName()) == strings.TrimPrefix(name, ".") {
+		if full := string(m.md.FullName()); full == inPkg || full == name || full == strings.TrimPrefix(name, ".") {
 			return m.md, m.index, nil
 		}
 		if string(m.md.Name()) == name {
@@ -280,7 +408,7 @@ func appendAvro(b []byte, s avro.Schema, v any, at string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: %s fits no branch of the union: %s", at, describe(v), strings.Join(errs, "; "))
 	case *avro.FixedSchema:
 		if l := s.Logical(); l != nil && l.Type() == avro.Decimal {
-			u, err := unscaled(v, l.(*avro.DecimalLogicalSchema).Scale(), at)
+			u, err := unscaled(v, l.(*avro.DecimalLogicalSchema), at)
 			if err != nil {
 				return nil, err
 			}
@@ -328,6 +456,10 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 		t, err := time.Parse(layout, str)
 		return t, isStr && err == nil
 	}
+	below := func(unit time.Duration) ([]byte, error) {
+		name := map[time.Duration]string{time.Millisecond: "millisecond", time.Microsecond: "microsecond"}[unit]
+		return nil, fmt.Errorf("%s: %s has digits below the %s, which %s cannot hold", at, describe(v), name, logical)
+	}
 	switch s.Type() {
 	case avro.Null:
 		if v != nil {
@@ -356,6 +488,9 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 			if !ok {
 				return bad(`a time of day, "15:04:05.000"`)
 			}
+			if t.Nanosecond()%int(time.Millisecond) != 0 {
+				return below(time.Millisecond)
+			}
 			return appendLong(b, t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)).Milliseconds()), nil
 		}
 		n, err := strconv.ParseInt(string(num), 10, 32)
@@ -370,11 +505,19 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 			if !ok {
 				return bad(`a time of day, "15:04:05.000000"`)
 			}
+			if t.Nanosecond()%int(time.Microsecond) != 0 {
+				return below(time.Microsecond)
+			}
 			return appendLong(b, t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()), nil
 		case avro.TimestampMillis, avro.TimestampMicros:
 			t, ok := parseTime(time.RFC3339Nano)
 			if !ok {
 				return bad(`a timestamp, "2006-01-02T15:04:05.000Z"`)
+			}
+			if unit := time.Microsecond; logical == avro.TimestampMillis && t.Nanosecond()%int(time.Millisecond) != 0 {
+				return below(time.Millisecond)
+			} else if t.Nanosecond()%int(unit) != 0 {
+				return below(unit)
 			}
 			if logical == avro.TimestampMillis {
 				return appendLong(b, t.UnixMilli()), nil
@@ -384,6 +527,11 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 			t, ok := parseTime("2006-01-02T15:04:05.999999999")
 			if !ok {
 				return bad(`a local timestamp, "2006-01-02T15:04:05.000"`)
+			}
+			if unit := time.Microsecond; logical == avro.LocalTimestampMillis && t.Nanosecond()%int(time.Millisecond) != 0 {
+				return below(time.Millisecond)
+			} else if t.Nanosecond()%int(unit) != 0 {
+				return below(unit)
 			}
 			if logical == avro.LocalTimestampMillis {
 				return appendLong(b, t.UnixMilli()), nil
@@ -429,7 +577,7 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 	case avro.Bytes:
 		var raw []byte
 		if logical == avro.Decimal {
-			u, err := unscaled(v, s.Logical().(*avro.DecimalLogicalSchema).Scale(), at)
+			u, err := unscaled(v, s.Logical().(*avro.DecimalLogicalSchema), at)
 			if err != nil {
 				return nil, err
 			}
@@ -447,8 +595,10 @@ func appendPrimitive(b []byte, s *avro.PrimitiveSchema, v any, at string) ([]byt
 }
 
 // unscaled is v, a decimal as a number or a string, times 10^scale: an
-// integer, or an error when v has more decimals than scale.
-func unscaled(v any, scale int, at string) (*big.Int, error) {
+// integer, or an error when v has more decimals than the scale or more
+// digits than the precision (Java's Avro refuses both).
+func unscaled(v any, d *avro.DecimalLogicalSchema, at string) (*big.Int, error) {
+	scale, precision := d.Scale(), d.Precision()
 	var text string
 	switch x := v.(type) {
 	case json.Number:
@@ -465,6 +615,10 @@ func unscaled(v any, scale int, at string) (*big.Int, error) {
 	r.Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(scale)), nil)))
 	if !r.IsInt() {
 		return nil, fmt.Errorf("%s: %s has more than %d decimals", at, text, scale)
+	}
+	if digits := len(new(big.Int).Abs(r.Num()).String()); precision > 0 && digits > precision {
+		return nil, fmt.Errorf("%s: %s has %d digits, more than the decimal's precision %d (scale %d: at most %d before the point)",
+			at, text, digits, precision, scale, precision-scale)
 	}
 	return r.Num(), nil
 }

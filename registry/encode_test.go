@@ -1,9 +1,14 @@
 package registry_test
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/registry/registrytest"
@@ -89,5 +94,136 @@ func TestEncoderDefaultsAndErrors(t *testing.T) {
 	}
 	if _, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "x-value", registry.Source{Kind: registry.Avro, Text: `{"type":"recrd"}`}); err == nil || !strings.Contains(err.Error(), "avro schema") {
 		t.Errorf("bad avro schema: %v", err)
+	}
+}
+
+// TestEncoderProtobufImports: a .proto importing a file beside it (by a
+// path relative to its directory) compiles; each imported file is
+// registered under its own subject (its import path, as Confluent's
+// serializers do) and referenced, so a Decoder reads the records; a
+// missing import names the file given.
+func TestEncoderProtobufImports(t *testing.T) {
+	for name, url := range registrytest.Registries(t) {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			// A directory of the import path no other run uses: the
+			// subject is the import path, and the registry is shared.
+			pkg := fmt.Sprintf("t%d", time.Now().UnixNano())
+			if err := os.MkdirAll(filepath.Join(dir, pkg), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			write := func(p, text string) {
+				if err := os.WriteFile(filepath.Join(dir, p), []byte(text), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(pkg+"/level.proto", "syntax = \"proto3\";\npackage common;\nenum Level { LEVEL_UNSPECIFIED = 0; HIGH = 1; }\n")
+			write(pkg+"/common.proto", "syntax = \"proto3\";\npackage common;\nimport \""+pkg+"/level.proto\";\nmessage Money { string currency = 1; int64 units = 2; Level level = 3; }\n")
+			order := "syntax = \"proto3\";\npackage shop;\nimport \"" + pkg + "/common.proto\";\nimport \"google/protobuf/timestamp.proto\";\n" +
+				"message Order { string id = 1; common.Money price = 2; google.protobuf.Timestamp at = 3; }\n"
+			write("order.proto", order)
+			path := filepath.Join(dir, "order.proto")
+			e, err := registry.NewEncoder(t.Context(), registry.Config{URL: url, Timeout: 5 * time.Second}, subject(t),
+				registry.Source{Kind: registry.Protobuf, Text: order, Path: path, Message: "Order"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := `{"at":"2026-01-31T12:30:45Z","id":"o1","price":{"currency":"EUR","level":"HIGH","units":"5"}}`
+			v, err := e.Encode([]byte(payload))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := decoder(t, url).Decode(t.Context(), registry.Protobuf, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := compact(t, got); g != payload {
+				t.Errorf("got %s, want %s", g, payload)
+			}
+			cl, _ := sr.NewClient(sr.URLs(url))
+			if _, err := cl.SchemaByVersion(t.Context(), pkg+"/common.proto", -1); err != nil {
+				t.Errorf("the import is not registered under subject %s/common.proto: %v", pkg, err)
+			}
+
+			missing := "syntax = \"proto3\";\nimport \"nowhere.proto\";\nmessage M { string a = 1; }\n"
+			write("missing.proto", missing)
+			_, err = registry.NewEncoder(t.Context(), registry.Config{URL: url}, subject(t),
+				registry.Source{Kind: registry.Protobuf, Text: missing, Path: filepath.Join(dir, "missing.proto")})
+			if err == nil || !strings.Contains(err.Error(), "missing.proto") || !strings.Contains(err.Error(), "nowhere.proto") || strings.Contains(err.Error(), "schema.proto") {
+				t.Errorf("a missing import: got %v, want an error naming missing.proto and nowhere.proto", err)
+			}
+		})
+	}
+}
+
+// TestEncoderMessageNames: --message resolves as protoc does: relative to
+// the file's package, full, with a leading dot, or a unique short name.
+func TestEncoderMessageNames(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	d := decoder(t, url)
+	for _, name := range []string{"Order.Item", "shop.Order.Item", ".shop.Order.Item", "Item"} {
+		e, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "x-value", registry.Source{Kind: registry.Protobuf, Text: protoOrder, Message: name})
+		if err != nil {
+			t.Errorf("--message %s: %v", name, err)
+			continue
+		}
+		v, err := e.Encode([]byte(`{"sku":"a","n":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := d.Decode(t.Context(), registry.Protobuf, v); err != nil || compact(t, got) != `{"n":1,"sku":"a"}` {
+			t.Errorf("--message %s: decoded %s, %v", name, got, err)
+		}
+	}
+}
+
+// TestEncoderRefusesWhatTheSchemaCannotHold: a decimal over its declared
+// precision, and a time with digits below the unit of its logical type,
+// are refused (as Java's Avro refuses them), not sent changed.
+func TestEncoderRefusesWhatTheSchemaCannotHold(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	schema := `{"type":"record","name":"R","fields":[
+	 {"name":"amount","type":["null",{"type":"bytes","logicalType":"decimal","precision":12,"scale":2}],"default":null},
+	 {"name":"fixed","type":["null",{"type":"fixed","name":"F","size":16,"logicalType":"decimal","precision":4,"scale":1}],"default":null},
+	 {"name":"ms","type":["null",{"type":"long","logicalType":"timestamp-millis"}],"default":null},
+	 {"name":"us","type":["null",{"type":"long","logicalType":"timestamp-micros"}],"default":null},
+	 {"name":"lms","type":["null",{"type":"long","logicalType":"local-timestamp-millis"}],"default":null},
+	 {"name":"tms","type":["null",{"type":"int","logicalType":"time-millis"}],"default":null},
+	 {"name":"tus","type":["null",{"type":"long","logicalType":"time-micros"}],"default":null}]}`
+	e, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "r-value", registry.Source{Kind: registry.Avro, Text: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []string{`{"amount":9999999999.99}`, `{"amount":"-9999999999.99"}`, `{"fixed":999.9}`,
+		`{"ms":"2026-01-31T12:30:45.123Z"}`, `{"us":"2026-01-31T12:30:45.123456Z"}`, `{"lms":"2026-01-31T12:30:45.123"}`,
+		`{"tms":"03:04:05.006"}`, `{"tus":"03:04:05.006007"}`} {
+		if _, err := e.Encode([]byte(ok)); err != nil {
+			t.Errorf("Encode(%s): %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ value, want string }{
+		{`{"amount":99999999999.99}`, "precision 12"},
+		{`{"amount":"-99999999999.99"}`, "precision 12"},
+		{`{"fixed":1000.0}`, "precision 4"},
+		{`{"ms":"2026-01-31T12:30:45.1234Z"}`, "below the millisecond"},
+		{`{"us":"2026-01-31T12:30:45.1234567Z"}`, "below the microsecond"},
+		{`{"lms":"2026-01-31T12:30:45.1239"}`, "below the millisecond"},
+		{`{"tms":"03:04:05.0061"}`, "below the millisecond"},
+		{`{"tus":"03:04:05.0060071"}`, "below the microsecond"},
+	} {
+		if _, err := e.Encode([]byte(c.value)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Encode(%s): %v, want an error containing %q", c.value, err, c.want)
+		}
+	}
+}
+
+// TestEncoderAvroSchemaNotJSON: a truncated .avsc is reported as JSON
+// that does not parse, where, not as an unknown Avro type.
+func TestEncoderAvroSchemaNotJSON(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	text := "{\"type\":\"record\",\"name\":\"R\",\n \"fields\":[{\"name\":\"a\",\"type\":\"string\"}"
+	_, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "r-value", registry.Source{Kind: registry.Avro, Text: text, Path: "r.avsc"})
+	if err == nil || !strings.Contains(err.Error(), "not valid JSON") || !strings.Contains(err.Error(), "r.avsc") || strings.Contains(err.Error(), "unknown type") {
+		t.Errorf("a truncated .avsc: got %v, want an error naming r.avsc and saying it is not valid JSON", err)
 	}
 }

@@ -20,11 +20,13 @@ type DataError struct {
 	SchemaID int
 	Subject  string
 	Reason   string
+
+	named bool // the value names SchemaID even though it is 0
 }
 
 func (e *DataError) Error() string {
 	switch {
-	case e.SchemaID == 0:
+	case e.SchemaID == 0 && !e.named:
 		return e.Reason
 	case e.Subject == "":
 		return fmt.Sprintf("schema id %d: %s", e.SchemaID, e.Reason)
@@ -101,17 +103,22 @@ func IsAuth(err error) bool {
 }
 
 // codeSchemaNotFound is the error_code of Confluent's API (Apicurio's
-// ccompat too) for a schema id it does not know. A 404 without it is a
-// URL that is not the API's (a path missing), never a reason to
-// dead-letter.
+// ccompat too) for a schema id it does not know.
 const codeSchemaNotFound = 40403
 
-// classify turns an error of the sr client asking for schema id (0: not
-// about one id) into a *DataError (the id is unknown), or a registryError.
-func classify(err error, id int) error {
+// classify turns an error of the sr client asking for a schema (byID: by
+// the value's schema id, id) into a *DataError (the id is unknown), or a
+// registryError. A 404 about an id is the id being unknown when its
+// error_code says so (40403), or when the registry answered this Decoder
+// before (answered: the API is at this URL) and the 404 is the API's own
+// JSON error (Apicurio answers error_code 0 for some ids). A 404 of any
+// other shape (a proxy's page, a path that is not the API's) is never a
+// reason to dead-letter: Check reports a wrong path at start.
+func classify(err error, byID bool, id int, answered bool) error {
 	var re *sr.ResponseError
 	if errors.As(err, &re) {
-		if re.StatusCode == http.StatusNotFound && re.ErrorCode == codeSchemaNotFound && id != 0 {
+		if byID && re.StatusCode == http.StatusNotFound &&
+			(re.ErrorCode == codeSchemaNotFound || (answered && re.Message != "")) {
 			return &DataError{SchemaID: id, Reason: "the schema registry does not know this schema id"}
 		}
 		return &registryError{status: re.StatusCode, err: err}

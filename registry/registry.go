@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -98,6 +100,9 @@ type Decoder struct {
 	timeout time.Duration
 	cache   *lru.Cache[int, *schema]
 	fetches singleflight.Group
+	// answered is set once the registry answered a request as the API
+	// does: from then on a 404 about a schema id is the id being unknown.
+	answered atomic.Bool
 }
 
 // New validates cfg and returns a Decoder. It does not contact the
@@ -143,8 +148,9 @@ func (d *Decoder) Check(ctx context.Context) error {
 		return fmt.Errorf("registry: %s does not serve the schema registry API (GET /subjects answered HTTP 404)", d.url)
 	}
 	if err != nil {
-		return classify(err, 0)
+		return classify(err, false, 0, false)
 	}
+	d.answered.Store(true)
 	return nil
 }
 
@@ -160,6 +166,12 @@ func (d *Decoder) Decode(ctx context.Context, kind Kind, value []byte) ([]byte, 
 	id, body, err := h.DecodeID(value)
 	if err != nil {
 		return nil, &DataError{Reason: notFramed(value)}
+	}
+	if id <= 0 || id > math.MaxInt32 {
+		// Registries assign ids from 1 up to 2^31-1 (Confluent's clients
+		// read the 4 bytes as a signed int32): no request can find it.
+		return nil, &DataError{SchemaID: id, named: true, Reason: fmt.Sprintf(
+			"no schema registry assigns this schema id (ids are 1 to %d; Confluent's clients read it as %d)", math.MaxInt32, int32(uint32(id)))}
 	}
 	s, err := d.schema(ctx, id)
 	if err != nil {
@@ -235,8 +247,9 @@ func (d *Decoder) fetch(ctx context.Context, id int) (*schema, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, classify(err, id)
+		return nil, classify(err, true, id, d.answered.Load())
 	}
+	d.answered.Store(true)
 	s := &schema{id: id, typ: text.Type}
 	// The subject only names the schema in dead letters: a registry that
 	// cannot say is no reason to fail.
@@ -290,7 +303,7 @@ func (d *Decoder) references(ctx context.Context, call func(func(context.Context
 			if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
 				return &DataError{Reason: fmt.Sprintf("reference %q (subject %s version %d) is not known to the registry", r.Name, r.Subject, r.Version)}
 			}
-			return classify(err, 0)
+			return classify(err, false, 0, false)
 		}
 		if err := d.references(ctx, call, ss.References, out, seen, depth+1); err != nil {
 			return err

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +26,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sr/srfake"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/onceflow/onceflow/registry"
@@ -591,5 +595,178 @@ func TestBrokenSchemaIsFetchedOnce(t *testing.T) {
 	}
 	if n := fetches.Load(); n != 1 {
 		t.Errorf("the schema was fetched %d times, want 1", n)
+	}
+}
+
+// TestSchemaIDsNoRegistryKnows: ids no registry assigns (0, and those
+// above 2^31-1, which Confluent's clients read as negative) and any 404
+// about an id from a registry that otherwise answers are each a
+// *DataError naming the id: the record is dead-lettered, never retried
+// for ever.
+func TestSchemaIDsNoRegistryKnows(t *testing.T) {
+	body := []byte{0x04, 'p', '1'}
+	frame := func(id uint32) []byte {
+		return append([]byte{0, byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}, body...)
+	}
+	check := func(t *testing.T, d *registry.Decoder, v []byte, name string) {
+		t.Helper()
+		_, err := d.Decode(t.Context(), registry.Avro, v)
+		var de *registry.DataError
+		if !errors.As(err, &de) {
+			t.Fatalf("got %v (%T), want a *registry.DataError", err, err)
+		}
+		if !strings.Contains(err.Error(), "schema id "+name) {
+			t.Errorf("error %q does not name schema id %s", err, name)
+		}
+		if registry.IsTransient(err) || registry.IsAuth(err) {
+			t.Errorf("classified transient or auth: %v", err)
+		}
+	}
+	for name, url := range registrytest.Registries(t) {
+		t.Run(name, func(t *testing.T) {
+			d := decoder(t, url)
+			if err := d.Check(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			check(t, d, frame(0), "0")
+			check(t, d, frame(0xFFFFFFFF), "4294967295")
+			check(t, d, frame(1<<31), "2147483648")
+		})
+	}
+	t.Run("404 without error code 40403 once the API answered", func(t *testing.T) {
+		fake := srfake.New()
+		defer fake.Close()
+		fake.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+			if strings.HasPrefix(r.URL.Path, "/schemas/ids/") {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = w.Write([]byte(`{"error_code":0,"message":"No content with id/hash 'contentId-424242' was found."}`))
+				return true
+			}
+			return false
+		})
+		d := decoder(t, fake.URL())
+		if err := d.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		check(t, d, frame(424242), "424242")
+	})
+}
+
+// descriptorForm is a .proto in the form Confluent's Python serializer
+// registers: its FileDescriptorProto, serialized, in base64.
+func descriptorForm(t *testing.T, name string, srcs map[string]string) string {
+	t.Helper()
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(srcs)})}
+	fs, err := c.Compile(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := protodesc.ToFileDescriptorProto(fs[0])
+	// Python's serialized_pb leaves json_name out.
+	for _, m := range fd.MessageType {
+		for _, f := range m.Field {
+			f.JsonName = nil
+		}
+	}
+	b, err := proto.Marshal(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// TestProtobufDescriptorForm: a schema registered as a base64
+// FileDescriptorProto (Confluent's Python serializer), with an import
+// registered the same way and well-known types it does not register,
+// decodes like its .proto text.
+func TestProtobufDescriptorForm(t *testing.T) {
+	common := "syntax = \"proto3\";\npackage shop.common;\nmessage Money { string currency = 1; int64 units = 2; int64 small_units = 3; }\n"
+	order := "syntax = \"proto3\";\npackage shop;\nimport \"common.proto\";\nimport \"google/protobuf/timestamp.proto\";\n" +
+		"message First { string a = 1; }\nmessage Order { string id = 1; shop.common.Money price = 2; google.protobuf.Timestamp at = 3;\n" +
+		"  message Line { string sku = 1; } repeated Line lines = 4; }\n"
+	srcs := map[string]string{"order.proto": order, "common.proto": common}
+	for name, url := range registrytest.Registries(t) {
+		t.Run(name, func(t *testing.T) {
+			d := decoder(t, url)
+			cs := subject(t)
+			registrytest.Register(t, url, cs, sr.Schema{Schema: descriptorForm(t, "common.proto", srcs), Type: sr.TypeProtobuf})
+			id := registrytest.Register(t, url, subject(t), sr.Schema{Schema: descriptorForm(t, "order.proto", srcs), Type: sr.TypeProtobuf,
+				References: []sr.SchemaReference{{Name: "common.proto", Subject: cs, Version: 1}}})
+			md := compileMessage2(t, srcs, "order.proto", "Order")
+			m := dynamicpb.NewMessage(md)
+			if err := protojson.Unmarshal([]byte(`{"id":"o1","price":{"currency":"EUR","units":5},"at":"2026-01-31T12:30:45Z","lines":[{"sku":"s1"}]}`), m); err != nil {
+				t.Fatal(err)
+			}
+			pb, _ := proto.Marshal(m)
+			got, err := d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, id, []int{1}, pb))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, w := compact(t, got), `{"at":"2026-01-31T12:30:45Z","id":"o1","lines":[{"sku":"s1"}],"price":{"currency":"EUR","small_units":"0","units":"5"}}`; g != w {
+				t.Errorf("got %s, want %s", g, w)
+			}
+			got, err = d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, id, []int{1, 0}, []byte{0x0a, 0x02, 's', '2'}))
+			if err != nil || compact(t, got) != `{"sku":"s2"}` {
+				t.Errorf("nested message: got %s, %v", got, err)
+			}
+			// Base64 that is no FileDescriptorProto is a schema that does
+			// not compile: a dead letter naming the id.
+			bad := registrytest.Register(t, url, subject(t), sr.Schema{Schema: base64.StdEncoding.EncodeToString([]byte("\xff\xff not a descriptor")), Type: sr.TypeProtobuf})
+			_, err = d.Decode(t.Context(), registry.Protobuf, registrytest.Frame(t, bad, []int{0}, nil))
+			var de *registry.DataError
+			if !errors.As(err, &de) || !strings.Contains(err.Error(), "does not compile") {
+				t.Errorf("a broken descriptor: got %v, want a dead letter saying the schema does not compile", err)
+			}
+		})
+	}
+}
+
+func compileMessage2(t *testing.T, srcs map[string]string, file, msg string) protoreflect.MessageDescriptor {
+	t.Helper()
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(srcs)})}
+	fs, err := c.Compile(t.Context(), file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs[0].Messages().ByName(protoreflect.Name(msg))
+}
+
+// TestAvroTimesOutOfRange: a time of day outside the day, and a date or
+// timestamp before year 1 (which Postgres cannot read back from the
+// payload), are each a *DataError saying so, not a value that wraps.
+func TestAvroTimesOutOfRange(t *testing.T) {
+	url := registrytest.Registries(t)["srfake"]
+	d := decoder(t, url)
+	year0 := time.Date(0, 12, 31, 0, 0, 0, 0, time.UTC)
+	long := func(v int64) []byte { return binary.AppendVarint(nil, v) }
+	for _, c := range []struct {
+		logical, typ string
+		body         []byte
+		want         string // "" decodes
+	}{
+		{"time-millis", "int", long(86399999), ""},
+		{"time-millis", "int", long(259200000), "outside the day"},
+		{"time-millis", "int", long(-5), "outside the day"},
+		{"time-micros", "long", long(86400000000), "outside the day"},
+		{"time-micros", "long", long(-1), "outside the day"},
+		{"date", "int", long(-719162), ""}, // 0001-01-01
+		{"date", "int", long(year0.Unix() / 86400), "before year 1"},
+		{"timestamp-millis", "long", long(year0.UnixMilli()), "before year 1"},
+		{"timestamp-micros", "long", long(year0.UnixMicro()), "before year 1"},
+		{"local-timestamp-millis", "long", long(year0.UnixMilli()), "before year 1"},
+		{"local-timestamp-micros", "long", long(year0.UnixMicro()), "before year 1"},
+	} {
+		id := registrytest.Register(t, url, c.logical+"-value", sr.Schema{Schema: `{"type":"` + c.typ + `","logicalType":"` + c.logical + `"}`})
+		got, err := d.Decode(t.Context(), registry.Avro, registrytest.Frame(t, id, nil, c.body))
+		var de *registry.DataError
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s %x: %v", c.logical, c.body, err)
+		case c.want != "" && (!errors.As(err, &de) || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s %x: got %s, %v; want a *DataError containing %q", c.logical, c.body, got, err, c.want)
+		}
 	}
 }

@@ -2,14 +2,17 @@ package registry
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"strings"
 
 	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 )
 
@@ -42,12 +45,12 @@ func (s *schema) compile(text string, refs []reference) error {
 		cache := &avro.SchemaCache{}
 		for _, r := range refs {
 			if _, err := avro.ParseWithCache(r.text, "", cache); err != nil {
-				return fmt.Errorf("reference %q: %w", r.name, err)
+				return fmt.Errorf("reference %q: %w", r.name, avroSchemaError(r.text, err))
 			}
 		}
 		sch, err := avro.ParseWithCache(text, "", cache)
 		if err != nil {
-			return err
+			return avroSchemaError(text, err)
 		}
 		s.avro = sch
 		return nil
@@ -58,8 +61,7 @@ func (s *schema) compile(text string, refs []reference) error {
 		for _, r := range refs {
 			srcs[r.name] = r.text
 		}
-		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-			Accessor: protocompile.SourceAccessorFromMap(srcs)})}
+		c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(sourceResolver(srcs))}
 		fs, err := c.Compile(context.Background(), self)
 		if err != nil {
 			return err
@@ -76,6 +78,81 @@ func (s *schema) compile(text string, refs []reference) error {
 		s.kind = Kind(strings.ToLower(s.typ.String()))
 		return nil // Decode says the kind does not match
 	}
+}
+
+// sourceResolver resolves the files of a Protobuf schema and its
+// references, each in either form a registry holds: .proto text, or a
+// serialized FileDescriptorProto in base64 (what Confluent's Python
+// serializer registers).
+func sourceResolver(srcs map[string]string) protocompile.Resolver {
+	text := &protocompile.SourceResolver{Accessor: protocompile.SourceAccessorFromMap(srcs)}
+	return protocompile.ResolverFunc(func(path string) (protocompile.SearchResult, error) {
+		src, ok := srcs[path]
+		if !ok {
+			return text.FindFileByPath(path)
+		}
+		fd, isDescriptor, err := descriptorForm(src)
+		if err != nil {
+			return protocompile.SearchResult{}, fmt.Errorf("%s: %w", path, err)
+		}
+		if !isDescriptor {
+			return text.FindFileByPath(path)
+		}
+		fd.Name = proto.String(path) // the name the importer knows it by
+		return protocompile.SearchResult{Proto: fd}, nil
+	})
+}
+
+// descriptorForm reads src as a base64 FileDescriptorProto. It reports
+// false for .proto text, which is never base64 (a .proto has spaces and
+// semicolons); an error for base64 that is no FileDescriptorProto.
+func descriptorForm(src string) (*descriptorpb.FileDescriptorProto, bool, error) {
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(src))
+	if err != nil || len(b) == 0 {
+		return nil, false, nil
+	}
+	fd := new(descriptorpb.FileDescriptorProto)
+	if err := proto.Unmarshal(b, fd); err != nil {
+		return nil, true, fmt.Errorf("the schema is base64 but not a serialized FileDescriptorProto: %w", err)
+	}
+	for _, m := range fd.MessageType {
+		fillJSONNames(m)
+	}
+	return fd, true, nil
+}
+
+// fillJSONNames sets the json_name protoc sets on every field, where a
+// descriptor left it out (Python's serialized_pb does): protocompile's
+// linker takes an absent one for a custom "" and refuses two of them.
+func fillJSONNames(m *descriptorpb.DescriptorProto) {
+	for _, f := range append(m.Field, m.Extension...) {
+		if f.JsonName == nil {
+			f.JsonName = proto.String(jsonName(f.GetName()))
+		}
+	}
+	for _, n := range m.NestedType {
+		fillJSONNames(n)
+	}
+}
+
+// jsonName is protoc's default JSON name of a field: each letter after an
+// underscore upper-cased, the underscores dropped.
+func jsonName(name string) string {
+	var b strings.Builder
+	up := false
+	for _, r := range name {
+		switch {
+		case r == '_':
+			up = true
+		case up && 'a' <= r && r <= 'z':
+			b.WriteRune(r - 'a' + 'A')
+			up = false
+		default:
+			b.WriteRune(r)
+			up = false
+		}
+	}
+	return b.String()
 }
 
 // register adds f and its imports to files, once each.

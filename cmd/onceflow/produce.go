@@ -52,6 +52,10 @@ payment.proto --message Payment), each VALUE is the JSON of a record —
 the payload a SQL handler will see (docs/sql-handlers.md) — encoded with
 that schema, which is registered first under --subject (default
 TOPIC-value) at decode.schema_registry.url, and framed for the registry.
+A .proto's imports are read relative to its directory and each registered
+under its import path as subject, referenced as Confluent's serializers
+do; --message resolves as protoc does (Order.Line in the file's package).
+--schema, --message and --subject without --format are refused.
 A value the schema refuses is not sent, and reported like one over the
 limit.
 
@@ -77,7 +81,7 @@ limit.
 			if cmd.Flags().Changed("key") {
 				p.key = []byte(key)
 			}
-			if framing.format != "" {
+			if framing != (framedValues{}) {
 				if p.encode, err = framing.encoder(cmd.Context(), a, p.topic); err != nil {
 					return err
 				}

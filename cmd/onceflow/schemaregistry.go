@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -50,13 +51,22 @@ func (a *app) checkSchemaRegistry(ctx context.Context) error {
 }
 
 // schemaRegistryRefused names the keys to check when err is the registry
-// refusing the credentials; other errors pass as they are.
+// refusing the credentials, once however many times err passes here;
+// other errors pass as they are.
 func schemaRegistryRefused(err error) error {
-	if schemaregistry.IsAuth(err) {
-		return fmt.Errorf("%w; check %s", err, registryKeys)
+	var named *keysNamed
+	if schemaregistry.IsAuth(err) && !errors.As(err, &named) {
+		return &keysNamed{err}
 	}
 	return err
 }
+
+// keysNamed is the registry refusing the credentials, with the keys to
+// check.
+type keysNamed struct{ err error }
+
+func (e *keysNamed) Error() string { return fmt.Sprintf("%v; check %s", e.err, registryKeys) }
+func (e *keysNamed) Unwrap() error { return e.err }
 
 // framedValues are produce's --format, --schema, --message and --subject.
 type framedValues struct{ format, schema, message, subject string }
@@ -67,7 +77,7 @@ func (f framedValues) encoder(ctx context.Context, a *app, topic string) (func([
 	switch f.format {
 	case "":
 		if f.schema != "" || f.message != "" || f.subject != "" {
-			return nil, fmt.Errorf("--schema, --message and --subject need --format avro or protobuf")
+			return nil, fmt.Errorf("--schema, --message and --subject need --format avro or protobuf (the values would be sent as they are)")
 		}
 		return func(v []byte) ([]byte, error) { return v, nil }, nil
 	case string(schemaregistry.Avro), string(schemaregistry.Protobuf):
@@ -95,7 +105,7 @@ func (f framedValues) encoder(ctx context.Context, a *app, topic string) (func([
 	if subject == "" {
 		subject = topic + "-value"
 	}
-	e, err := schemaregistry.NewEncoder(ctx, rc, subject, schemaregistry.Source{Kind: schemaregistry.Kind(f.format), Text: string(text), Message: f.message})
+	e, err := schemaregistry.NewEncoder(ctx, rc, subject, schemaregistry.Source{Kind: schemaregistry.Kind(f.format), Text: string(text), Path: f.schema, Message: f.message})
 	if err != nil {
 		return nil, schemaRegistryRefused(err)
 	}

@@ -231,6 +231,9 @@ http:
 	if err == nil || !strings.Contains(err.Error(), "refused the credentials") || !strings.Contains(err.Error(), "decode.schema_registry.password") {
 		t.Fatalf("run: %v, want an error saying the registry refused the credentials and naming decode.schema_registry.password", err)
 	}
+	if n := strings.Count(err.Error(), "check decode.schema_registry"); n != 1 {
+		t.Errorf("the error names the keys to check %d times, want once: %v", n, err)
+	}
 	if strings.Contains(err.Error(), "wrong-password") {
 		t.Errorf("the error reveals the password: %v", err)
 	}
@@ -259,15 +262,29 @@ func TestBinaryProducesFramedRecords(t *testing.T) {
 	if err := os.WriteFile(proto, []byte("syntax = \"proto3\";\npackage shop;\nmessage Payment { string account = 1; int32 cents = 2; }\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// An import beside the schema, in a directory no other run uses: it is
+	// registered under its import path, and the registry is shared.
+	pkg := "t" + randomHex(6)
+	imported := filepath.Join(dir, "order.proto")
+	if err := os.MkdirAll(filepath.Join(dir, pkg), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, pkg, "money.proto"), []byte("syntax = \"proto3\";\npackage common;\nmessage Money { string currency = 1; int64 units = 2; }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(imported, []byte("syntax = \"proto3\";\npackage shop;\nimport \""+pkg+"/money.proto\";\nmessage Order { message Line { string sku = 1; common.Money price = 2; } repeated Line lines = 1; }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
-		format string
-		args   []string
-		value  string
+		name, format string
+		args         []string
+		value        string
 	}{
-		{"avro", []string{"--schema", avsc}, `{"account":"acct-1","amount":12.50,"at":"2026-03-01T12:00:00.250Z","method":"IBAN","currency":"USD"}`},
-		{"protobuf", []string{"--schema", proto, "--message", "Payment"}, `{"account":"acct-2","cents":1250}`},
+		{"avro", "avro", []string{"--schema", avsc}, `{"account":"acct-1","amount":12.50,"at":"2026-03-01T12:00:00.250Z","method":"IBAN","currency":"USD"}`},
+		{"protobuf", "protobuf", []string{"--schema", proto, "--message", "Payment"}, `{"account":"acct-2","cents":1250}`},
+		{"protobuf importing a file beside it", "protobuf", []string{"--schema", imported, "--message", "Order.Line"}, `{"sku":"s1","price":{"currency":"EUR","units":"5"}}`},
 	} {
-		t.Run(tc.format, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			topic := "produce-" + tc.format + "-" + randomHex(4)
 			createTopic(t, seeds, topic, 1)
 			config := writeConfig(t, fmt.Sprintf("kafka:\n  brokers: [%s]\n  topics: [%s]\ndecode:\n  format: %s\n  schema_registry:\n    url: %s\n",
@@ -303,6 +320,22 @@ func TestBinaryProducesFramedRecords(t *testing.T) {
 				t.Errorf("decoded %s, want %s", g, w)
 			}
 		})
+	}
+}
+
+// TestProduceSchemaNeedsFormat: --schema, --message or --subject without
+// --format is refused, not ignored (the values would go out unencoded).
+func TestProduceSchemaNeedsFormat(t *testing.T) {
+	file := writeConfig(t, "kafka:\n  brokers: [127.0.0.1:1]\n  topics: [t]\n")
+	for _, args := range [][]string{{"--schema", "order.avsc"}, {"--message", "Order"}, {"--subject", "s"}} {
+		root := newRoot()
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs(append([]string{"produce", "--config", file}, append(args, `{"a":1}`)...))
+		err := root.ExecuteContext(t.Context())
+		if err == nil || !strings.Contains(err.Error(), "need --format") {
+			t.Errorf("produce %v: %v, want an error saying it needs --format", args, err)
+		}
 	}
 }
 

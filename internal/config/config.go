@@ -280,7 +280,14 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		cfg.Postgres.IdleTimeout = cfg.Postgres.TxTimeout
 	}
 	if err != nil {
-		problems = append(problems, unmarshalProblems(err, file)...)
+		// The keys that did decode are still checked, so that every
+		// problem shows at once; a key that did not decode holds its zero
+		// value, whose own complaints would only mislead.
+		failed := unmarshalProblems(err, file)
+		problems = append(problems, failed...)
+		problems = append(problems, cfg.readSecretFiles()...)
+		problems = append(problems, cfg.readRegistryPassword()...)
+		problems = append(problems, withoutKeysIn(cfg.Validate(), failed)...)
 	} else {
 		problems = append(problems, cfg.readSecretFiles()...)
 		problems = append(problems, cfg.readRegistryPassword()...)
@@ -289,6 +296,34 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		}
 	}
 	return cfg, errors.Join(problems...)
+}
+
+// withoutKeysIn returns the problems of err, as Validate joins them (each
+// "key: …"), but those about a key quoted in one of failed ('key', as
+// the decoder names the keys it could not decode).
+func withoutKeysIn(err error, failed []error) []error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		if err == nil {
+			return nil
+		}
+		return []error{err}
+	}
+	var out []error
+	for _, p := range joined.Unwrap() {
+		key, _, _ := strings.Cut(p.Error(), ":")
+		quoted := false
+		for _, f := range failed {
+			if strings.Contains(f.Error(), "'"+key+"'") || strings.Contains(f.Error(), "'"+key+".") || strings.Contains(f.Error(), "'"+key+"[") {
+				quoted = true
+				break
+			}
+		}
+		if !quoted {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // numberAsDuration refuses a bare number for a duration (YAML's

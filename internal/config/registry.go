@@ -84,12 +84,18 @@ func (d Decode) validateRegistry() []error {
 		ps = append(ps, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
 	}
 	r := d.SchemaRegistry
-	if !framed(d.Format) {
+	switch {
+	case d.Format == string(processor.FormatJSON) || d.Format == string(processor.FormatBytes):
 		if r.URL != "" {
 			bad("decode.schema_registry.url", "is set but decode.format is %s (avro and protobuf use a schema registry)", d.Format)
 		}
 		return ps
+	case !framed(d.Format) && r.URL == "":
+		return ps
 	}
+	// An unknown decode.format (Validate names it) with a registry set is
+	// most likely a misspelt avro or protobuf: its block is checked too,
+	// so that every problem shows at once.
 	if r.URL == "" {
 		bad("decode.schema_registry.url", "is required with decode.format %s", d.Format)
 	} else if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

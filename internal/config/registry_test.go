@@ -40,6 +40,16 @@ func TestSchemaRegistryProblems(t *testing.T) {
 		{"tls on http", "decode:\n  format: avro\n  schema_registry:\n    url: http://h:1\n    tls:\n      enabled: true\n", []string{"decode.schema_registry.tls.enabled: is true but decode.schema_registry.url is not https"}},
 		{"tls files", "decode:\n  format: avro\n  schema_registry:\n    url: https://h:1\n    tls:\n      enabled: true\n      ca_file: /nonexistent/ca.pem\n      cert_file: /x.pem\n", []string{
 			"decode.schema_registry.tls.ca_file: open /nonexistent/ca.pem", "decode.schema_registry.tls.key_file: is required with decode.schema_registry.tls.cert_file"}},
+		{"unknown format hides nothing", "decode:\n  format: avroo\n  schema_registry:\n    url: ftp://x\n    cache_size: 0\n", []string{
+			`decode.format: "avroo" is not json, bytes, avro or protobuf`,
+			`decode.schema_registry.url: "ftp://x" is not an http or https URL`,
+			"decode.schema_registry.cache_size: must be at least 1",
+		}},
+		{"a value that does not parse hides nothing", "decode:\n  format: avro\n  schema_registry:\n    url: ftp://x\n    timeout: 5x\n    cache_size: 0\n", []string{
+			`decode.schema_registry.timeout`, `unknown unit`,
+			`decode.schema_registry.url: "ftp://x" is not an http or https URL`,
+			"decode.schema_registry.cache_size: must be at least 1",
+		}},
 		{"field with bytes", "decode:\n  format: bytes\n  event_id_source: field\n  event_id_field: id\n", []string{"needs decode.format json, avro or protobuf, not bytes"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
