@@ -41,6 +41,9 @@ type options struct {
 	poisonScale int
 	maxRecord   int
 	session     time.Duration
+	// protocol is the members' kafka.group_protocol: classic or consumer,
+	// picked by the seed unless -group-protocol names one.
+	protocol string
 
 	bin       string
 	memberEnv []string
@@ -89,7 +92,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&poison, "poison", "all", "poison to inject: all, none, or a list of kinds (see doc.go)")
 	fs.IntVar(&o.poisonScale, "poison-scale", 3, "copies of each poison kind, times its base count")
 	fs.IntVar(&o.maxRecord, "max-record-bytes", 1<<20, "the members' decode.max_record_bytes")
-	fs.DurationVar(&o.session, "session-timeout", 3*time.Second, "the members' kafka.session_timeout (a stop lasts longer)")
+	fs.DurationVar(&o.session, "session-timeout", 3*time.Second, "the members' kafka.session_timeout (a stop lasts longer); "+
+		"under the consumer protocol the session is the broker's, 3s on infra/kafka.sh's")
+	fs.StringVar(&o.protocol, "group-protocol", "seed", "the members' kafka.group_protocol: classic, consumer (KIP-848), or seed: "+
+		"classic for an even seed, consumer for an odd one (the summary line says which ran)")
 	fs.StringVar(&o.bin, "onceflow-bin", "", "the onceflow binary to run; empty: build ./cmd/onceflow of this tree")
 	fs.Var(&env, "member-env", "ONCEFLOW_KEY=value for every member (repeatable); the members' other ONCEFLOW_* and OTEL_* variables are removed")
 	fs.StringVar(&o.out, "out", "chaos/out", "directory for the run's directory (logs, configs, timeline, evidence)")
@@ -128,6 +134,9 @@ func parseFlags(args []string) (options, error) {
 	o.memberEnv = env
 	var ps []error
 	var err error
+	if o.protocol, err = pickProtocol(o.protocol, o.seed); err != nil {
+		ps = append(ps, fmt.Errorf("-group-protocol: %w", err))
+	}
 	if o.faults, err = parseFaults(faults); err != nil {
 		ps = append(ps, fmt.Errorf("-faults: %w", err))
 	}
@@ -155,6 +164,22 @@ func parseFlags(args []string) (options, error) {
 		}
 	}
 	return o, errors.Join(ps...)
+}
+
+// pickProtocol returns the group protocol flag asks for: classic or
+// consumer as named, or by the seed's parity when flag is "seed", so that
+// runs with new seeds try both and a seed always replays with the same.
+func pickProtocol(flag string, seed uint64) (string, error) {
+	switch flag {
+	case "classic", "consumer":
+		return flag, nil
+	case "seed":
+		if seed%2 == 0 {
+			return "classic", nil
+		}
+		return "consumer", nil
+	}
+	return "", fmt.Errorf("%q: classic, consumer or seed", flag)
 }
 
 func main() {

@@ -21,6 +21,7 @@ type memberConfig struct {
 	Brokers        []string
 	Topic, DLQ     string
 	Group          string
+	GroupProtocol  string // classic | consumer
 	SessionTimeout time.Duration
 	BatchRecords   int
 	MaxRecordBytes int
@@ -42,6 +43,7 @@ kafka:
   brokers: [%[2]s]
   topics: [%[3]s]
   group: %[4]s
+  group_protocol: %[17]s
   client_id: %[5]s%[1]s
   dead_letter_topic: %[6]s
   session_timeout: %[7]s
@@ -64,7 +66,7 @@ http:
 drain_timeout: %[16]s
 `, name, strings.Join(c.Brokers, ", "), c.Topic, c.Group, appPrefix, c.DLQ, c.SessionTimeout,
 		3*c.SessionTimeout, c.BatchRecords, c.MaxRecordBytes, dsn, c.Schema, c.PoolSize, c.TxTimeout, port,
-		3*c.SessionTimeout/2)
+		3*c.SessionTimeout/2, c.GroupProtocol)
 }
 
 // appPrefix starts every member's client id and Postgres application_name.
