@@ -367,6 +367,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.killed.Load() {
 		cancelClient()
 	}
+	c.reclaimInstance(hard, clientCtx)
 	opts := append(append(c.clientOptions(), c.cfg.KafkaOptions...), kgo.WithContext(clientCtx))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
