@@ -100,7 +100,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Var(&env, "member-env", "ONCEFLOW_KEY=value for every member (repeatable); the members' other ONCEFLOW_* and OTEL_* variables are removed")
 	fs.StringVar(&o.out, "out", "chaos/out", "directory for the run's directory (logs, configs, timeline, evidence)")
 	fs.BoolVar(&o.keep, "keep-services", false, "leave the chaos broker and Postgres cluster running at the end")
-	fs.IntVar(&o.kafkaPort, "kafka-port", 29092, "the chaos broker's port (never the shared 19092)")
+	fs.IntVar(&o.kafkaPort, "kafka-port", 29092, "the chaos broker's port (never the shared 19092); the members' HTTP ports start 208 above it")
 	fs.IntVar(&o.ctrlPort, "kafka-controller-port", 29093, "the chaos broker's controller port")
 	fs.StringVar(&o.kafkaDir, "kafka-dir", filepath.Join(os.TempDir(), "onceflow-chaos-kafka"), "the chaos broker's state directory")
 	fs.IntVar(&o.pgPort, "pg-port", 5442, "the chaos Postgres cluster's port (never the shared 5432)")

@@ -135,7 +135,14 @@ type memberSet struct {
 	all      []*slot
 	next     map[string]int // next slot number per prefix
 	ports    map[int]bool   // HTTP ports in use
+	// portBase is the members' first HTTP port: memberPortOffset above
+	// the broker's, so that runs on other -kafka-port's do not collide.
+	portBase int
 }
+
+// memberPortOffset puts the members' HTTP ports above the broker's port
+// (29300 and up for the default 29092).
+const memberPortOffset = 208
 
 // drainBound is how long a SIGTERMed member may take to drain before the
 // harness kills it (and reports it).
@@ -415,7 +422,7 @@ func (ms *memberSet) start(sl *slot) (*proc, error) {
 func (ms *memberSet) port() int {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	for p := 29300; ; p++ {
+	for p := ms.portBase; ; p++ {
 		if !ms.ports[p] {
 			ms.ports[p] = true
 			return p

@@ -196,6 +196,7 @@ func run(ctx context.Context, o options) (int, error) {
 	if c.members, err = newMemberSet(o.bin, dir, mcfg, env, tl); err != nil {
 		return exitSetup, err
 	}
+	c.members.portBase = o.kafkaPort + memberPortOffset
 	membersStopped := false
 	defer func() {
 		if !membersStopped {
