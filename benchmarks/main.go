@@ -384,9 +384,9 @@ func medianRun(rs []*Run) *Run {
 	slices.SortStableFunc(byRate, func(a, b *Run) int { return cmp.Compare(a.UniqueEventsPerSec, b.UniqueEventsPerSec) })
 	m := byRate[(len(byRate)-1)/2]
 	m.Rounds = rates
-	for _, r := range rs {
-		m.RoundsRecoveryMs = append(m.RoundsRecoveryMs, r.RecoveryMedianMs)
-		m.RoundsRestartRecoveryMs = append(m.RoundsRestartRecoveryMs, r.RestartRecoveryMs)
+	m.RoundsRecoveryMs, m.RoundsRestartRecoveryMs = make([]float64, len(rs)), make([]float64, len(rs))
+	for i, r := range rs {
+		m.RoundsRecoveryMs[i], m.RoundsRestartRecoveryMs[i] = r.RecoveryMedianMs, r.RestartRecoveryMs
 	}
 	return m
 }
