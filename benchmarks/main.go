@@ -68,7 +68,7 @@ func parseFlags() (options, error) {
 	var handlers, scenarios string
 	flag.StringVar(&o.brokers, "brokers", "", "a real Kafka's brokers (host:port,...); empty: an embedded kfake cluster")
 	flag.StringVar(&o.dsn, "dsn", envOr("ONCEFLOW_POSTGRES_DSN", "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode=disable"), "Postgres")
-	flag.IntVar(&o.events, "events", 1000000, "unique events per scenario (a million: a storm of about eight membership changes)")
+	flag.IntVar(&o.events, "events", 1000000, "unique events per scenario (a storm's backlog may be more: see -storm-changes)")
 	flag.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries among them, per event")
 	flag.IntVar(&o.partitions, "partitions", 12, "partitions of the topic")
 	flag.IntVar(&o.members, "members", 3, "group members at once")
