@@ -36,6 +36,16 @@
 // second later, as a supervisor would (counted as exits=). The members'
 // ONCEFLOW_* and OTEL_* environment is removed; -member-env adds settings.
 //
+// The members run one group protocol (kafka.group_protocol): the one
+// -group-protocol names, or by default the seed's: classic for an even
+// seed, consumer (KIP-848) for an odd one, so that CI's runs, each with a
+// new seed, alternate between the two at random and a seed replays with
+// the protocol it ran with. The summary line says which (protocol=).
+// Under consumer the session timeout is the broker's
+// (group.consumer.session.timeout.ms, 3s on infra/kafka.sh's broker, as
+// the members' -session-timeout by default), and a stop still outlasts it.
+// The members' HTTP ports start 208 above -kafka-port.
+//
 // # Workload
 //
 // From the seed: -events unique orders (orders.Generate) and
