@@ -119,6 +119,9 @@ func parseFlags() (options, error) {
 		if !set["storm-every"] {
 			o.stormEvery = 500 * time.Millisecond
 		}
+		if !set["storm-changes"] {
+			o.stormChanges = 10
+		}
 		if !set["partitions"] {
 			o.partitions = 6
 		}
