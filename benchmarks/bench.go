@@ -90,8 +90,9 @@ type Run struct {
 	// them back, summed over the run's restarts.
 	StaticMoved *int `json:"static_moved,omitempty"`
 	// RestartRecoveryMs (replay): from the group's restart after the
-	// rewind until the applied rate is back to 90 % of the rate before
-	// the stop (the reset mark's recovery less the stop and rewind).
+	// rewind until the records it consumes per second are back to 90 % of
+	// their rate before the stop (restartRecovery); 0 when not before
+	// the stream ended.
 	RestartRecoveryMs float64 `json:"restart_recovery_ms,omitempty"`
 	// With -spans: span durations by name, the CPU split, and
 	// Postgres' statistics of the run's tables and WAL.
@@ -678,8 +679,8 @@ func (b *bench) finish(ctx context.Context, r *Run, g *group, e *env, events int
 	r.RecoveryMedianMs, r.RecoveryMaxMs = recovery(r)
 	if r.Scenario == "replay" {
 		for _, m := range r.Marks {
-			if m.Kind == "reset" && m.RecoveryMs > 0 {
-				r.RestartRecoveryMs = max(0, m.RecoveryMs-m.Took*1000)
+			if m.Kind == "reset" {
+				r.RestartRecoveryMs = restartRecovery(r.Samples, m)
 			}
 		}
 	}
@@ -776,6 +777,46 @@ func recovery(r *Run) (median, maxMs float64) {
 	}
 	slices.Sort(rs)
 	return rs[len(rs)/2], rs[len(rs)-1]
+}
+
+// restartRecovery is the time, in ms, from the group's start after a
+// replay's rewind (the reset mark's T plus Took) until the records it
+// consumes per second, over the last recoveryWindow, are back at
+// recoveryShare of their rate over the 2 s before the stop; 0 when they
+// never are before the stream ends. Records, not applied events: after
+// the rewind the group re-reads what it had applied, which applies
+// nothing and is the replay's work at full speed.
+func restartRecovery(ss []Sample, reset Mark) float64 {
+	stop, restart := reset.T, reset.T+reset.Took
+	var before float64
+	for i := len(ss) - 1; i > 0; i-- {
+		if ss[i].T <= stop {
+			j := i
+			for j > 0 && ss[j-1].T >= stop-2 {
+				j--
+			}
+			if dt := ss[i].T - ss[j].T; j < i && dt > 0 {
+				before = float64(ss[i].Consumed-ss[j].Consumed) / dt
+			}
+			break
+		}
+	}
+	if before <= 0 {
+		return 0
+	}
+	for i := 1; i < len(ss); i++ {
+		if ss[i].T-recoveryWindow < restart {
+			continue
+		}
+		j := i
+		for j > 0 && ss[j-1].T >= ss[i].T-recoveryWindow {
+			j--
+		}
+		if dt := ss[i].T - ss[j].T; j < i && dt > 0 && float64(ss[i].Consumed-ss[j].Consumed)/dt >= recoveryShare*before {
+			return (ss[i].T - restart) * 1000
+		}
+	}
+	return 0
 }
 
 // resetPeakRSS clears the kernel's peak-RSS mark of this process.

@@ -242,8 +242,11 @@ type ProtocolSummary struct {
 	StormNoOwner    *NoOwner `json:"storm_no_owner,omitempty"`
 	// ReplayRestartMs is the median over rounds of the time from the
 	// replay's restart to 90 % of the rate before its stop.
-	ReplayRestartMs float64  `json:"replay_restart_recovery_median_ms,omitempty"`
-	ReplayNoOwner   *NoOwner `json:"replay_no_owner,omitempty"`
+	ReplayRestartMs float64 `json:"replay_restart_recovery_median_ms,omitempty"`
+	// ReplayRestartRounds is how many rounds' replays recovered before
+	// their stream ended (the median is of those).
+	ReplayRestartRounds int      `json:"replay_restart_rounds,omitempty"`
+	ReplayNoOwner       *NoOwner `json:"replay_no_owner,omitempty"`
 	// StaticMoved (with -instance-id): partitions of restarted static
 	// members that another member ran meanwhile, in the median storm,
 	// out of StaticHeld.
@@ -282,7 +285,7 @@ func summarize(o options, rounds map[string][]*Run) []ProtocolSummary {
 		}
 		if replay != nil {
 			s.Replay, s.ReplayNoOwner = replay.UniqueEventsPerSec, replay.NoOwner
-			s.ReplayRestartMs = median(replay.RoundsRestartRecoveryMs, replay.RestartRecoveryMs)
+			s.ReplayRestartMs, s.ReplayRestartRounds = measured(replay.RoundsRestartRecoveryMs, replay.RestartRecoveryMs)
 			if s.Steady > 0 {
 				s.ReplayVsSteady = s.Replay / s.Steady
 			}
@@ -303,6 +306,24 @@ func median(xs []float64, one float64) float64 {
 	return s[(len(s)-1)/2]
 }
 
+// measured is the median (the lower middle) of the positive xs, and how
+// many there are; of one alone when xs is empty (a single round).
+func measured(xs []float64, one float64) (float64, int) {
+	if len(xs) == 0 {
+		xs = []float64{one}
+	}
+	var pos []float64
+	for _, x := range xs {
+		if x > 0 {
+			pos = append(pos, x)
+		}
+	}
+	if len(pos) == 0 {
+		return 0, 0
+	}
+	return median(pos, 0), len(pos)
+}
+
 // writeProtocols writes the protocols' comparison.
 func writeProtocols(b *strings.Builder, rep *Report) {
 	if len(rep.Protocols) == 0 {
@@ -310,7 +331,7 @@ func writeProtocols(b *strings.Builder, rep *Report) {
 	}
 	b.WriteString("\n### Group protocols side by side\n\n" +
 		"| protocol | steady events/s | storm events/s (× steady) | storm changes | storm recovery median ms | storm: partition waits with no owner (n, median / max ms) | " +
-		"replay events/s (× steady) | replay: back at 90 % after restart, ms | static restarts: partitions moved / held |\n" +
+		"replay events/s (× steady) | replay: records/s back at 90 % after its restart, ms (rounds) | static restarts: partitions moved / held |\n" +
 		"|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
 	noOwner := func(n *NoOwner) string {
 		if n == nil {
@@ -333,12 +354,15 @@ func writeProtocols(b *strings.Builder, rep *Report) {
 		if s.StaticMoved != nil {
 			static = fmt.Sprintf("%d / %d", *s.StaticMoved, s.StaticHeld)
 		}
-		fmt.Fprintf(b, "| %s | %.0f | %.0f (%.2f×) | %s | %.0f | %s | %.0f (%.2f×) | %.0f | %s |\n",
+		fmt.Fprintf(b, "| %s | %.0f | %.0f (%.2f×) | %s | %.0f | %s | %.0f (%.2f×) | %.0f (%d) | %s |\n",
 			s.Protocol, s.Steady, s.Storm, s.StormVsSteady, or(changes, "–"), s.StormRecoveryMs, noOwner(s.StormNoOwner),
-			s.Replay, s.ReplayVsSteady, s.ReplayRestartMs, static)
+			s.Replay, s.ReplayVsSteady, s.ReplayRestartMs, s.ReplayRestartRounds, static)
 	}
 	b.WriteString("\nRates and ratios are of each scenario's median round; recovery times are medians over the rounds. " +
 		"A storm makes its -storm-changes changes one every -storm-every (a change due while another runs starts when it returns), " +
-		"on a backlog sized from the steady rate to outlast them twice. A wait with no owner runs from a partition's worker stopping on one member " +
+		"on a backlog sized from the steady rate to outlast them twice. " +
+		"The replay's recovery runs from the group's start after the rewind until the records it consumes per second (its re-read included) are back at 90 % " +
+		"of their rate before the stop, median of the rounds in which they were before the stream ended (how many in parentheses). " +
+		"A wait with no owner runs from a partition's worker stopping on one member " +
 		"to one starting on any member (polled every 20 ms); the replay's include the whole group's stop and rewind.\n")
 }
