@@ -354,9 +354,15 @@ func writeProtocols(b *strings.Builder, rep *Report) {
 		if s.StaticMoved != nil {
 			static = fmt.Sprintf("%d / %d", *s.StaticMoved, s.StaticHeld)
 		}
-		fmt.Fprintf(b, "| %s | %.0f | %.0f (%.2f×) | %s | %.0f | %s | %.0f (%.2f×) | %.0f (%d) | %s |\n",
-			s.Protocol, s.Steady, s.Storm, s.StormVsSteady, or(changes, "–"), s.StormRecoveryMs, noOwner(s.StormNoOwner),
-			s.Replay, s.ReplayVsSteady, s.ReplayRestartMs, s.ReplayRestartRounds, static)
+		storm := "– | – | – | –" // not run
+		if s.Storm > 0 {
+			storm = fmt.Sprintf("%.0f (%.2f×) | %s | %.0f | %s", s.Storm, s.StormVsSteady, or(changes, "–"), s.StormRecoveryMs, noOwner(s.StormNoOwner))
+		}
+		replay := "– | –"
+		if s.Replay > 0 {
+			replay = fmt.Sprintf("%.0f (%.2f×) | %.0f (%d)", s.Replay, s.ReplayVsSteady, s.ReplayRestartMs, s.ReplayRestartRounds)
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", s.Protocol, s.Steady, storm, replay, static)
 	}
 	b.WriteString("\nRates and ratios are of each scenario's median round; recovery times are medians over the rounds. " +
 		"A storm makes its -storm-changes changes one every -storm-every (a change due while another runs starts when it returns), " +
