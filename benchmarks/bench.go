@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/members"
 	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/processor"
@@ -32,8 +33,13 @@ import (
 
 // Run is one scenario's or baseline's result.
 type Run struct {
-	Name               string   `json:"name"`
-	Kind               string   `json:"kind"` // scenario | baseline
+	Name string `json:"name"`
+	Kind string `json:"kind"` // scenario | baseline
+	// Scenario is a scenario run's scenario (steady, storm, replay), and
+	// GroupProtocol its members' group protocol; Name is the scenario's,
+	// suffixed with the protocol when -group-protocol lists several.
+	Scenario           string   `json:"scenario,omitempty"`
+	GroupProtocol      string   `json:"group_protocol,omitempty"`
 	Records            int      `json:"records"`
 	UniqueEvents       int      `json:"unique_events"`
 	Seconds            float64  `json:"seconds"`
@@ -67,6 +73,27 @@ type Run struct {
 	// in the order they ran; this run is their median.
 	Rounds      []float64 `json:"rounds,omitempty"`
 	Checkpoints *int64    `json:"checkpoints,omitempty"`
+	// RoundsRecoveryMs and RoundsRestartRecoveryMs are every round's
+	// RecoveryMedianMs and RestartRecoveryMs, in the order run.
+	RoundsRecoveryMs        []float64 `json:"rounds_recovery_ms,omitempty"`
+	RoundsRestartRecoveryMs []float64 `json:"rounds_restart_recovery_ms,omitempty"`
+	// A storm's planned changes (-storm-changes); StormShort says the
+	// stream was consumed before the last of them.
+	StormPlanned int  `json:"storm_planned_changes,omitempty"`
+	StormShort   bool `json:"storm_short,omitempty"`
+	// NoOwner is how long partitions waited with no member running their
+	// worker, from the moment one stopped to the moment the next started
+	// (see owners).
+	NoOwner *NoOwner `json:"no_owner,omitempty"`
+	// StaticMoved (with -instance-id) is how many of a restarted static
+	// member's partitions another member ran before the restart took
+	// them back, summed over the run's restarts.
+	StaticMoved *int `json:"static_moved,omitempty"`
+	// RestartRecoveryMs (replay): from the group's restart after the
+	// rewind until the records it consumes per second are back to 90 % of
+	// their rate before the stop (restartRecovery); 0 when not before
+	// the stream ended.
+	RestartRecoveryMs float64 `json:"restart_recovery_ms,omitempty"`
 	// With -spans: span durations by name, the CPU split, and
 	// Postgres' statistics of the run's tables and WAL.
 	SpanStats []SpanStat `json:"span_stats,omitempty"`
@@ -92,6 +119,14 @@ type Mark struct {
 	// drains the member's in-flight batches, a crash waits for the member
 	// to stop and its replacement to start.
 	Took float64 `json:"took,omitempty"`
+	// RecoveryMs is the time until the rate recovered (see recovery); 0
+	// when it did not before the stream ended.
+	RecoveryMs float64 `json:"recovery_ms,omitempty"`
+	// Held and Moved (a static member's restart): the partitions the
+	// member ran when it was killed, and how many of them another member
+	// ran before the restart took them back.
+	Held  int  `json:"held,omitempty"`
+	Moved *int `json:"moved,omitempty"`
 }
 
 type bench struct {
@@ -107,6 +142,16 @@ type bench struct {
 	// wherever the server's checkpoint cycle is.
 	noCheckpoint bool
 	formats      *formats // -format: how the scenarios' records are encoded and read
+	// protocol is the group protocol of the scenarios running now (one of
+	// -group-protocol's), and steadyRate each protocol's latest steady
+	// rate, which sizes its storm's backlog.
+	protocol   string
+	steadyRate map[string]float64
+	own        *owners // the running scenario's members' partitions
+	// static: the running scenario's members have instance ids
+	// (-instance-id, the storm only: a replay's rewind needs the group
+	// empty, which static members leave only when their sessions end).
+	static bool
 }
 
 // env is one run's topic, group and schema.
@@ -290,13 +335,27 @@ func (b *bench) newGroup(e *env, tune func(*processor.Config)) (*group, error) {
 			g.mu.Unlock()
 		},
 	})
-	cfg.GroupProtocol = processor.GroupProtocol(b.o.groupProtocol)
+	cfg.GroupProtocol = processor.GroupProtocol(cmp.Or(b.protocol, string(processor.DefaultGroupProtocol)))
+	if b.static {
+		cfg.InstanceID = "bench" // bench-member-N
+	}
 	if tune != nil {
 		tune(&cfg)
 	}
 	cfg.TracerProvider = b.tp
-	g.Group = members.NewGroup(members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000, Kill: b.o.crash == "kill",
-		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Parse: orders.ParseEvent, Logger: b.log, TracerProvider: b.tp}}))
+	own := b.own
+	var starting string // the name of the member starting: Group.Start starts one at a time
+	start := members.InProcess(members.InProcessConfig{Pool: e.pool, Consumer: cfg, LRUSize: 100000, Kill: b.o.crash == "kill",
+		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs, Parse: orders.ParseEvent, Logger: b.log, TracerProvider: b.tp},
+		Started: func(c *processor.Consumer, _ *dedup.Cache) {
+			if own != nil {
+				own.add(starting, c)
+			}
+		}})
+	g.Group = members.NewGroup(func(ctx context.Context, name string) (members.Member, error) {
+		starting = name
+		return start(ctx, name)
+	})
 	return g, nil
 }
 
@@ -312,7 +371,20 @@ func (g *group) startN(ctx context.Context, n int) error {
 
 // scenario runs one of steady, storm and replay.
 func (b *bench) scenario(ctx context.Context, name string) (*Run, error) {
-	return b.runGroup(ctx, name, "scenario", b.o.events, nil, b.drive)
+	events := b.o.events
+	if name == "storm" {
+		events = b.stormEvents()
+	}
+	b.own, b.static = newOwners(), b.o.instanceID && name == "storm"
+	defer func() { b.own, b.static = nil, false }()
+	r, err := b.runGroup(ctx, runName(name, b.protocol, b.o.protocols), "scenario", events, nil, b.drive)
+	if err == nil && name == "steady" {
+		if b.steadyRate == nil {
+			b.steadyRate = map[string]float64{}
+		}
+		b.steadyRate[b.protocol] = r.UniqueEventsPerSec
+	}
+	return r, err
 }
 
 // runGroup pre-loads a generated stream of events into a fresh env, runs
@@ -340,6 +412,9 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 	}
 	msgs = nil
 	r := &Run{Name: name, Kind: kind, Records: len(stream.Messages), UniqueEvents: len(stream.Unique)}
+	if kind == "scenario" {
+		r.Scenario, r.GroupProtocol = strings.TrimSuffix(name, "-"+b.protocol), cmp.Or(b.protocol, string(processor.DefaultGroupProtocol))
+	}
 	// The members run in this process, and the stream is a million orders
 	// behind five million pointers: kept during the run, every collection
 	// of the members' garbage would mark it again, which a member process
@@ -351,7 +426,7 @@ func (b *bench) runGroup(ctx context.Context, name, kind string, events int, tun
 		return nil, err
 	}
 	defer func() { _ = g.StopAll() }() // before e.close drops the schema
-	prof, err := b.startProfile(ctx, e, kind == "scenario" && name == b.o.cpuprofOf)
+	prof, err := b.startProfile(ctx, e, kind == "scenario" && strings.TrimSuffix(name, "-"+b.protocol) == b.o.cpuprofOf)
 	if err != nil {
 		return nil, err
 	}
@@ -398,19 +473,24 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 	sample := time.NewTicker(250 * time.Millisecond)
 	defer sample.Stop()
 	var storm <-chan time.Time
-	if r.Name == "storm" {
+	if r.Scenario == "storm" {
+		r.StormPlanned = b.o.stormChanges
 		t := time.NewTicker(b.o.stormEvery)
 		defer t.Stop()
 		storm = t.C
 	}
 	changed := make(chan changeResult, 1)
 	changes, busy, due := 0, false, false
+	if own := b.own; own != nil {
+		stopWatch := own.watch(start)
+		defer func() { r.NoOwner = stopWatch() }()
+	}
 	startChange := func() {
 		changes++
 		busy, due = true, false
 		n, at := changes, since()
 		go func() {
-			m, err := stormChange(ctx, g, n, at)
+			m, err := stormChange(ctx, g, n, at, b.static, b.own)
 			changed <- changeResult{m, err}
 		}()
 	}
@@ -425,7 +505,7 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 		slices.SortStableFunc(r.Marks, func(a, b Mark) int { return cmp.Compare(a.T, b.T) })
 		return err
 	}
-	reset, reread := false, r.Name == "replay" && b.o.cpuprofOf == "replay-reread"
+	reset, reread := false, r.Scenario == "replay" && b.o.cpuprofOf == "replay-reread"
 	var rereadTo int64 // the records committed when the rewind came
 	lastLog := time.Now()
 	for {
@@ -433,6 +513,10 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 		case <-ctx.Done():
 			return finish(ctx.Err())
 		case <-storm:
+			if changes >= b.o.stormChanges {
+				storm = nil // the storm is over
+				continue
+			}
 			if busy {
 				due = true
 				continue
@@ -444,7 +528,7 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 			if c.err != nil {
 				return finish(c.err)
 			}
-			if due {
+			if due && changes < b.o.stormChanges {
 				startChange()
 			}
 		case <-sample.C:
@@ -454,7 +538,7 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 			if err != nil {
 				return finish(err)
 			}
-			if first && r.Name != "replay" && r.FirstDoneSeconds == 0 {
+			if first && r.Scenario != "replay" && r.FirstDoneSeconds == 0 {
 				r.FirstDoneSeconds = since()
 				r.FirstDoneEventsPerSec = float64(s.Applied) / float64(len(b.o.handlers)) / r.FirstDoneSeconds
 			}
@@ -463,12 +547,15 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 					r.Name, since(), done, total, s.Applied, s.SkippedLRU, s.SkippedPostgres)
 				lastLog = time.Now()
 			}
-			if r.Name == "replay" && !reset && done >= total/2 {
+			if r.Scenario == "replay" && !reset && done >= total/2 {
 				reset = true
-				r.Marks = append(r.Marks, Mark{T: since(), Kind: "reset"}) // the stop is part of what recovers
+				at := since()
 				if err := b.rewind(ctx, g, e); err != nil {
 					return err
 				}
+				// The stop is part of what recovers; Took is the stop,
+				// the rewind and the start.
+				r.Marks = append(r.Marks, Mark{T: at, Kind: "reset", Took: since() - at})
 				if reread {
 					rereadTo = done
 					if err := b.prof.startCPU(); err != nil {
@@ -482,7 +569,12 @@ func (b *bench) drive(ctx context.Context, r *Run, g *group, e *env, start time.
 					return err
 				}
 			}
-			if done >= total && (r.Name != "replay" || reset) {
+			if done >= total && (r.Scenario != "replay" || reset) {
+				if r.Scenario == "storm" && (changes < b.o.stormChanges || busy) {
+					// The stream ran out before the storm: its rate is
+					// not a storm's (see stormEvents). Said in results.
+					r.StormShort = true
+				}
 				// The stream ended when its last batch committed, not at
 				// this sample, up to 250 ms later (the baselines time
 				// their own end).
@@ -508,11 +600,25 @@ type changeResult struct {
 // since the start): a member joins, the oldest leaves, or (every third
 // change, members.CrashTurn) the oldest crashes and a replacement joins.
 // Its mark records how long the change took.
-func stormChange(ctx context.Context, g *group, n int, at float64) (Mark, error) {
+func stormChange(ctx context.Context, g *group, n int, at float64, static bool, own *owners) (Mark, error) {
 	t := time.Now()
 	var kind string
 	var err error
 	switch {
+	case members.CrashTurn(n) && static:
+		// A static member's crash and restart under its instance id: its
+		// partitions should move to no one else.
+		kind = "restart"
+		var m members.Member
+		if m, err = g.Restart(ctx); err == nil && m != nil && own != nil {
+			held := own.lastHeld(m.Name())
+			moved, ok := own.retaken(ctx, m.Name(), held, t, 30*time.Second)
+			mark := Mark{T: at, Kind: kind, Took: time.Since(t).Seconds(), Held: len(held)}
+			if ok {
+				mark.Moved = &moved
+			}
+			return mark, nil
+		}
 	case members.CrashTurn(n):
 		kind = "crash"
 		if _, err = g.Crash(); err == nil {
@@ -571,6 +677,22 @@ func (b *bench) finish(ctx context.Context, r *Run, g *group, e *env, events int
 	g.mu.Unlock()
 	r.Changes = len(r.Marks)
 	r.RecoveryMedianMs, r.RecoveryMaxMs = recovery(r)
+	if r.Scenario == "replay" {
+		for _, m := range r.Marks {
+			if m.Kind == "reset" {
+				r.RestartRecoveryMs = restartRecovery(r.Samples, m)
+			}
+		}
+	}
+	if b.o.instanceID && r.Scenario == "storm" {
+		moved := 0
+		for _, m := range r.Marks {
+			if m.Moved != nil {
+				moved += *m.Moved
+			}
+		}
+		r.StaticMoved = &moved
+	}
 	r.PeakRSSMiB = peakRSSMiB()
 	stream, err := orders.Generate(events, b.o.duplicates, b.o.seed)
 	if err != nil {
@@ -625,7 +747,8 @@ func recovery(r *Run) (median, maxMs float64) {
 		return float64(r.Samples[i].Applied-r.Samples[j-1].Applied) / dt, true
 	}
 	var rs []float64
-	for _, m := range r.Marks {
+	for mi := range r.Marks {
+		m := &r.Marks[mi]
 		last, after := -1, -1
 		for i, s := range r.Samples {
 			if s.T <= m.T {
@@ -643,7 +766,8 @@ func recovery(r *Run) (median, maxMs float64) {
 		}
 		for i := after; i < len(r.Samples); i++ {
 			if v, ok := rate(i, recoveryWindow); ok && r.Samples[i].T-recoveryWindow >= m.T && v >= recoveryShare*before {
-				rs = append(rs, (r.Samples[i].T-m.T)*1000)
+				m.RecoveryMs = (r.Samples[i].T - m.T) * 1000
+				rs = append(rs, m.RecoveryMs)
 				break
 			}
 		}
@@ -653,6 +777,46 @@ func recovery(r *Run) (median, maxMs float64) {
 	}
 	slices.Sort(rs)
 	return rs[len(rs)/2], rs[len(rs)-1]
+}
+
+// restartRecovery is the time, in ms, from the group's start after a
+// replay's rewind (the reset mark's T plus Took) until the records it
+// consumes per second, over the last recoveryWindow, are back at
+// recoveryShare of their rate over the 2 s before the stop; 0 when they
+// never are before the stream ends. Records, not applied events: after
+// the rewind the group re-reads what it had applied, which applies
+// nothing and is the replay's work at full speed.
+func restartRecovery(ss []Sample, reset Mark) float64 {
+	stop, restart := reset.T, reset.T+reset.Took
+	var before float64
+	for i := len(ss) - 1; i > 0; i-- {
+		if ss[i].T <= stop {
+			j := i
+			for j > 0 && ss[j-1].T >= stop-2 {
+				j--
+			}
+			if dt := ss[i].T - ss[j].T; j < i && dt > 0 {
+				before = float64(ss[i].Consumed-ss[j].Consumed) / dt
+			}
+			break
+		}
+	}
+	if before <= 0 {
+		return 0
+	}
+	for i := 1; i < len(ss); i++ {
+		if ss[i].T-recoveryWindow < restart {
+			continue
+		}
+		j := i
+		for j > 0 && ss[j-1].T >= ss[i].T-recoveryWindow {
+			j--
+		}
+		if dt := ss[i].T - ss[j].T; j < i && dt > 0 && float64(ss[i].Consumed-ss[j].Consumed)/dt >= recoveryShare*before {
+			return (ss[i].T - restart) * 1000
+		}
+	}
+	return 0
 }
 
 // resetPeakRSS clears the kernel's peak-RSS mark of this process.

@@ -10,18 +10,53 @@
 // included, then consumed by -members group members):
 //
 //   - steady: no membership change;
-//   - storm: every -storm-every a member joins or leaves, and every third
-//     change kills one and starts a replacement. -crash kill (the default,
-//     processor.Consumer.Kill) stops it as SIGKILL would: no commit, no
-//     leave, its partitions wait for the 3s session timeout; -crash abort
-//     (processor.Consumer.Abort, the crash of results before 562cb71) rolls
-//     its transactions back and its client leaves the group as it closes.
-//     Under -group-protocol consumer (KIP-848; classic by default) the
-//     session timeout a killed member's partitions wait for is the
-//     broker's group.consumer.session.timeout.ms (45s by default);
+//   - storm: a storm is its membership changes, not its events: it makes
+//     -storm-changes of them (12), one every -storm-every (a change due
+//     while another runs starts when that one returns): a member joins, the
+//     oldest leaves, and every third change kills the oldest and starts a
+//     replacement. Its backlog is sized so that the stream outlasts the
+//     changes: -events, or, when more, twice the changes' span at the steady
+//     run's rate of the same protocol (steady runs first; 5 M events at
+//     most). On the real broker 500 000 events once drained in 5 s, in
+//     which a storm of one change every 2 s saw two. If the stream still
+//     runs out before the last change, the run says so (storm_short, and
+//     "the stream ran out first" in results.md). -crash kill (the default,
+//     processor.Consumer.Kill) stops a member as SIGKILL would: no commit,
+//     no leave, its partitions wait for the 3s session timeout; -crash
+//     abort (processor.Consumer.Abort, the crash of results before
+//     562cb71) rolls its transactions back and its client leaves the group
+//     as it closes. Under -group-protocol consumer (KIP-848; classic by
+//     default) the session timeout a killed member's partitions wait for
+//     is the broker's group.consumer.session.timeout.ms (45s by default,
+//     3s on infra/kafka.sh's broker and the embedded kfake). With
+//     -instance-id the storm's members are static (kafka.instance_id
+//     bench-member-N) and its crashes are restarts: the member is killed
+//     and started again under its id at once; each restart's mark counts
+//     the partitions the member ran (held) and how many of them another
+//     member ran before the restart took them back (moved: 0 is static
+//     membership working). A static member's leave keeps its partitions
+//     for the session timeout. kfake never expires a static member that
+//     left under the consumer protocol, so -instance-id with consumer
+//     needs -brokers;
 //   - replay: half-way, the group is stopped, its Kafka and Postgres
 //     offsets are rewound to the start, and it runs again: every record
 //     is read twice, and the second pass must apply nothing.
+//
+// -group-protocol classic,consumer runs the scenarios under each protocol
+// in turn, round by round, in one results file: the runs are named
+// steady-classic, storm-consumer..., and results.md has a table of the
+// protocols side by side (results.json "protocols"): each scenario's
+// median rate and its ratio to steady; the storm's changes by kind and
+// its median recovery after a change (over the rounds); how long
+// partitions waited with no owner (a worker stopped on one member until
+// one started on any member, polled every 20 ms: the storm's, and the
+// replay's, which include its stop and rewind); the replay's recovery
+// from its restart (the time from the group's start after the rewind
+// until the applied rate is back at 90 % of the rate before the stop,
+// median over the rounds); with -instance-id, the partitions moved.
+//
+//	go run ./benchmarks -brokers 127.0.0.1:19092 -group-protocol classic,consumer -rounds 3 -events 300000 \
+//	    -storm-every 1s -storm-changes 12 -baselines=false -out benchmarks/results/protocols
 //
 // Baselines: raw-copy (what Postgres can write for the same effects by the
 // cheapest path: the unique events' processed_events and emails_sent rows

@@ -137,9 +137,9 @@ func stopFormats(set []*formats) {
 	}
 }
 
-// runName is the name of scenario's run in format f: the scenario's for
+// formatRunName is the name of scenario's run in format f: the scenario's for
 // json, scenario-avro and scenario-protobuf for the others.
-func runName(scenario string, f *formats) string {
+func formatRunName(scenario string, f *formats) string {
 	if f.format == processor.FormatJSON {
 		return scenario
 	}
@@ -157,7 +157,7 @@ func (b *bench) scenarioInFormats(ctx context.Context, scenario string, set []*f
 		if err != nil {
 			return nil, fmt.Errorf("format %s: %w", f.format, err)
 		}
-		r.Name = runName(scenario, f)
+		r.Name = formatRunName(r.Name, f)
 		out = append(out, r)
 	}
 	return out, nil
@@ -169,7 +169,7 @@ func formatRatios(scenarios []string, set []*formats, rates map[string]float64) 
 	var out []Ratio
 	for _, s := range scenarios {
 		for _, f := range set {
-			if name := runName(s, f); name != s && rates[s] > 0 {
+			if name := formatRunName(s, f); name != s && rates[s] > 0 {
 				out = append(out, Ratio{Scenario: name, Baseline: s, Ratio: rates[name] / rates[s]})
 			}
 		}

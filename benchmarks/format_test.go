@@ -19,7 +19,7 @@ func TestFormatSet(t *testing.T) {
 	defer stopFormats(set)
 	var names []string
 	for _, f := range set {
-		names = append(names, runName("steady", f))
+		names = append(names, formatRunName("steady", f))
 	}
 	if got := strings.Join(names, ","); got != "steady,steady-protobuf,steady-avro" {
 		t.Fatalf("runs %s, want steady,steady-protobuf,steady-avro", got)

@@ -50,11 +50,18 @@ type options struct {
 	brokerPID   int
 	rounds      int
 	crash       string // kill | abort
-	// groupProtocol is the members' processor.GroupProtocol.
-	groupProtocol string
-	format        string // json | avro | protobuf: the records' format (format.go)
-	formats       string // -formats: several, each scenario run in each, round by round (format.go)
-	registry      string // with avro and protobuf: the schema registry's URL; empty: srfake in process
+	// protocols are the members' processor.GroupProtocols (-group-protocol,
+	// a list): the scenarios run under each, side by side.
+	protocols []string
+	// stormChanges is how many membership changes a storm makes, one
+	// every stormEvery (see stormEvents).
+	stormChanges int
+	// instanceID makes the members static (kafka.instance_id), and a
+	// storm's crash a restart under the same id.
+	instanceID bool
+	format     string // json | avro | protobuf: the records' format (format.go)
+	formats    string // -formats: several, each scenario run in each, round by round (format.go)
+	registry   string // with avro and protobuf: the schema registry's URL; empty: srfake in process
 }
 
 func parseFlags() (options, error) {
@@ -62,7 +69,7 @@ func parseFlags() (options, error) {
 	var handlers, scenarios string
 	flag.StringVar(&o.brokers, "brokers", "", "a real Kafka's brokers (host:port,...); empty: an embedded kfake cluster")
 	flag.StringVar(&o.dsn, "dsn", envOr("ONCEFLOW_POSTGRES_DSN", "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow?sslmode=disable"), "Postgres")
-	flag.IntVar(&o.events, "events", 1000000, "unique events per scenario (a million: a storm of about eight membership changes)")
+	flag.IntVar(&o.events, "events", 1000000, "unique events per scenario (a storm's backlog may be more: see -storm-changes)")
 	flag.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries among them, per event")
 	flag.IntVar(&o.partitions, "partitions", 12, "partitions of the topic")
 	flag.IntVar(&o.members, "members", 3, "group members at once")
@@ -88,8 +95,14 @@ func parseFlags() (options, error) {
 		"times out, and a rebalance waits for that) or abort (its transactions roll back and its client leaves the group as it closes)")
 	flag.IntVar(&o.rounds, "rounds", 1, "run the scenarios, raw-copy and ceiling this many times, round by round, and report "+
 		"each one's median run by rate (rates move 10–20 % between identical runs on a small machine); the per-record baselines run once")
-	flag.StringVar(&o.groupProtocol, "group-protocol", string(processor.DefaultGroupProtocol), "the members' consumer-group protocol: classic, or consumer "+
-		"(KIP-848, Kafka 4.0+; its session timeout is the broker's group.consumer.session.timeout.ms, 45s by default, which a killed member's partitions wait for)")
+	var protocols string
+	flag.StringVar(&protocols, "group-protocol", string(processor.DefaultGroupProtocol), "the members' consumer-group protocol: classic, or consumer "+
+		"(KIP-848, Kafka 4.0+; its session timeout is the broker's group.consumer.session.timeout.ms, 45s by default, which a killed member's partitions wait for); "+
+		"a list (classic,consumer) runs the scenarios under each, round by round, side by side in one results file")
+	flag.IntVar(&o.stormChanges, "storm-changes", 12, "membership changes a storm makes, one every -storm-every (joins, leaves and crashes); "+
+		"its backlog is sized from the steady run's rate so that the stream outlasts them")
+	flag.BoolVar(&o.instanceID, "instance-id", false, "static members (kafka.instance_id bench-member-N): a storm's crash restarts the member under its id, "+
+		"and the partitions that moved to another member meanwhile are counted")
 	flag.StringVar(&o.format, "format", "json", "the records' format in the scenarios: json, or avro or protobuf framed for a schema registry "+
 		"(encoded before the run; the baselines stay json)")
 	flag.StringVar(&o.formats, "formats", "", "run each scenario in each of these formats (e.g. json,avro,protobuf), one after the other in every round, "+
@@ -109,11 +122,15 @@ func parseFlags() (options, error) {
 		if !set["storm-every"] {
 			o.stormEvery = 500 * time.Millisecond
 		}
+		if !set["storm-changes"] {
+			o.stormChanges = 10
+		}
 		if !set["partitions"] {
 			o.partitions = 6
 		}
 	}
 	o.handlers = strings.Split(handlers, ",")
+	o.protocols = strings.Split(protocols, ",")
 	o.scenarios = strings.Split(scenarios, ",")
 	var ps []error
 	if o.events < 1 || o.naiveEvents < 1 {
@@ -125,8 +142,24 @@ func parseFlags() (options, error) {
 	if o.crash != "kill" && o.crash != "abort" {
 		ps = append(ps, fmt.Errorf("-crash %q: kill or abort", o.crash))
 	}
-	if p := processor.GroupProtocol(o.groupProtocol); p != processor.ClassicProtocol && p != processor.ConsumerProtocol {
-		ps = append(ps, fmt.Errorf("-group-protocol %q: %s or %s", o.groupProtocol, processor.ClassicProtocol, processor.ConsumerProtocol))
+	if len(o.protocols) > 1 && strings.Contains(o.formats, ",") {
+		ps = append(ps, errors.New("-formats with several -group-protocol: compare formats under one protocol, or protocols in one format"))
+	}
+	for i, p := range o.protocols {
+		if gp := processor.GroupProtocol(p); gp != processor.ClassicProtocol && gp != processor.ConsumerProtocol || slices.Contains(o.protocols[:i], p) {
+			ps = append(ps, fmt.Errorf("-group-protocol %q: %s, %s, or both once each", protocols, processor.ClassicProtocol, processor.ConsumerProtocol))
+			break
+		}
+	}
+	if o.instanceID && o.brokers == "" && slices.Contains(o.protocols, string(processor.ConsumerProtocol)) {
+		// kfake stops a static member's session timer when it leaves for
+		// now (epoch -2): its partitions stay reserved for it forever, and
+		// a storm whose static member left never ends. Kafka expires it.
+		ps = append(ps, errors.New("-instance-id with -group-protocol consumer needs a real Kafka (-brokers): "+
+			"kfake never expires a static member that left, and the storm would wait for its partitions forever"))
+	}
+	if o.stormChanges < 1 {
+		ps = append(ps, errors.New("-storm-changes must be at least 1"))
 	}
 	if o.rounds < 1 {
 		ps = append(ps, errors.New("-rounds must be at least 1"))
@@ -162,9 +195,14 @@ type Report struct {
 	// Crash is how the storm's crashes stopped a member (-crash); empty in
 	// reports older than the flag, whose crashes aborted.
 	Crash string `json:"crash,omitempty"`
-	// GroupProtocol is the members' group protocol (-group-protocol);
-	// empty in reports older than the flag, which ran classic.
+	// GroupProtocol is the members' group protocols (-group-protocol),
+	// comma-separated; empty in reports older than the flag, which ran
+	// classic.
 	GroupProtocol string `json:"group_protocol,omitempty"`
+	// InstanceID: the members were static (-instance-id).
+	InstanceID bool `json:"instance_id,omitempty"`
+	// Protocols compares the scenarios under each group protocol.
+	Protocols []ProtocolSummary `json:"protocols,omitempty"`
 
 	StartedAt time.Time `json:"started_at"`
 	Runs      []*Run    `json:"runs"`
@@ -246,7 +284,7 @@ func run(ctx context.Context, o options) error {
 		broker = "Apache Kafka at " + o.brokers
 	}
 	rep := &Report{Command: "go run ./benchmarks " + strings.Join(redactDSN(os.Args[1:]), " "), Build: build(""), Machine: machine(),
-		Broker: broker, Handlers: o.handlers, Crash: o.crash, GroupProtocol: o.groupProtocol, StartedAt: time.Now().UTC()}
+		Broker: broker, Handlers: o.handlers, Crash: o.crash, GroupProtocol: strings.Join(o.protocols, ","), InstanceID: o.instanceID, StartedAt: time.Now().UTC()}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	b := &bench{o: o, log: log}
 	set, err := newFormatSet(ctx, o.formats, o.format, o.registry)
@@ -276,15 +314,19 @@ func run(ctx context.Context, o options) error {
 		if o.rounds > 1 {
 			progress("round %d of %d", round, o.rounds)
 		}
-		for _, s := range o.scenarios {
-			rs, err := b.scenarioInFormats(ctx, s, set)
-			if err != nil {
-				return fmt.Errorf("scenario %s: %w", s, err)
-			}
-			for _, r := range rs {
-				add(r)
+		for _, p := range o.protocols {
+			b.protocol = p
+			for _, s := range o.scenarios {
+				rs, err := b.scenarioInFormats(ctx, s, set)
+				if err != nil {
+					return fmt.Errorf("scenario %s (%s): %w", s, p, err)
+				}
+				for _, r := range rs {
+					add(r)
+				}
 			}
 		}
+		b.protocol = o.protocols[0] // the baselines' groups, if any
 		if !o.baselines {
 			continue
 		}
@@ -306,16 +348,20 @@ func run(ctx context.Context, o options) error {
 	for _, r := range rep.Runs {
 		rates[r.Name] = r.UniqueEventsPerSec
 	}
-	for _, s := range o.scenarios {
-		for _, base := range baselineNames {
-			if rates[base] > 0 {
-				rep.Ratios = append(rep.Ratios, Ratio{s, base, rates[s] / rates[base]})
+	for _, p := range o.protocols {
+		for _, s := range o.scenarios {
+			s = runName(s, p, o.protocols)
+			for _, base := range baselineNames {
+				if rates[base] > 0 {
+					rep.Ratios = append(rep.Ratios, Ratio{s, base, rates[s] / rates[base]})
+				}
 			}
 		}
 	}
 	if len(set) > 1 {
 		rep.FormatRatios = formatRatios(o.scenarios, set, rates)
 	}
+	rep.Protocols = summarize(o, rounds)
 	if err := writeOutputs(o.out, rep); err != nil {
 		return err
 	}
@@ -357,6 +403,10 @@ func medianRun(rs []*Run) *Run {
 	slices.SortStableFunc(byRate, func(a, b *Run) int { return cmp.Compare(a.UniqueEventsPerSec, b.UniqueEventsPerSec) })
 	m := byRate[(len(byRate)-1)/2]
 	m.Rounds = rates
+	m.RoundsRecoveryMs, m.RoundsRestartRecoveryMs = make([]float64, len(rs)), make([]float64, len(rs))
+	for i, r := range rs {
+		m.RoundsRecoveryMs[i], m.RoundsRestartRecoveryMs[i] = r.RecoveryMedianMs, r.RestartRecoveryMs
+	}
 	return m
 }
 

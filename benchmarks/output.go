@@ -61,6 +61,7 @@ func markdown(rep *Report) string {
 			r.Name, r.Kind, r.Records, r.UniqueEvents, r.Seconds, r.UniqueEventsPerSec, r.RecordsPerSec,
 			r.SkippedLRU, r.SkippedPostgres, r.BatchP50Ms, r.BatchP99Ms, r.Changes, rec, cps, r.PeakRSSMiB, once)
 	}
+	writeProtocols(&b, rep)
 	writeFirstDone(&b, rep)
 	writeRounds(&b, rep)
 	writeFormatRatios(&b, rep)

@@ -39,6 +39,17 @@
 // second later, as a supervisor would (counted as exits=). The members'
 // ONCEFLOW_* and OTEL_* environment is removed; -member-env adds settings.
 //
+// The members run one group protocol (kafka.group_protocol): the one
+// -group-protocol names, or by default the seed's: classic when its
+// sixth bit (seed>>5 & 1) is 0, consumer (KIP-848) when it is 1 — the low
+// bits pick the format (-format) — so that CI's runs, each with a new
+// seed, try each protocol with each format and a seed replays with the
+// protocol it ran with. The summary line says which (protocol=).
+// Under consumer the session timeout is the broker's
+// (group.consumer.session.timeout.ms, 3s on infra/kafka.sh's broker, as
+// the members' -session-timeout by default), and a stop still outlasts it.
+// The members' HTTP ports start 208 above -kafka-port.
+//
 // # Workload
 //
 // From the seed: -events unique orders (orders.Generate) and

@@ -41,6 +41,9 @@ type options struct {
 	poisonScale int
 	maxRecord   int
 	session     time.Duration
+	// protocol is the members' kafka.group_protocol: classic or consumer,
+	// picked by the seed unless -group-protocol names one.
+	protocol string
 
 	bin       string
 	memberEnv []string
@@ -93,12 +96,15 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&poison, "poison", "all", "poison to inject: all, none, or a list of kinds (see doc.go)")
 	fs.IntVar(&o.poisonScale, "poison-scale", 3, "copies of each poison kind, times its base count")
 	fs.IntVar(&o.maxRecord, "max-record-bytes", 1<<20, "the members' decode.max_record_bytes")
-	fs.DurationVar(&o.session, "session-timeout", 3*time.Second, "the members' kafka.session_timeout (a stop lasts longer)")
+	fs.DurationVar(&o.session, "session-timeout", 3*time.Second, "the members' kafka.session_timeout (a stop lasts longer); "+
+		"under the consumer protocol the session is the broker's, 3s on infra/kafka.sh's")
+	fs.StringVar(&o.protocol, "group-protocol", "seed", "the members' kafka.group_protocol: classic, consumer (KIP-848), or seed: "+
+		"classic for an even seed, consumer for an odd one (the summary line says which ran)")
 	fs.StringVar(&o.bin, "onceflow-bin", "", "the onceflow binary to run; empty: build ./cmd/onceflow of this tree")
 	fs.Var(&env, "member-env", "ONCEFLOW_KEY=value for every member (repeatable); the members' other ONCEFLOW_* and OTEL_* variables are removed")
 	fs.StringVar(&o.out, "out", "chaos/out", "directory for the run's directory (logs, configs, timeline, evidence)")
 	fs.BoolVar(&o.keep, "keep-services", false, "leave the chaos broker and Postgres cluster running at the end")
-	fs.IntVar(&o.kafkaPort, "kafka-port", 29092, "the chaos broker's port (never the shared 19092)")
+	fs.IntVar(&o.kafkaPort, "kafka-port", 29092, "the chaos broker's port (never the shared 19092); the members' HTTP ports start 208 above it")
 	fs.IntVar(&o.ctrlPort, "kafka-controller-port", 29093, "the chaos broker's controller port")
 	fs.StringVar(&o.kafkaDir, "kafka-dir", filepath.Join(os.TempDir(), "onceflow-chaos-kafka"), "the chaos broker's state directory")
 	fs.IntVar(&o.pgPort, "pg-port", 5442, "the chaos Postgres cluster's port (never the shared 5432)")
@@ -136,6 +142,9 @@ func parseFlags(args []string) (options, error) {
 	o.memberEnv = env
 	var ps []error
 	var err error
+	if o.protocol, err = pickProtocol(o.protocol, o.seed); err != nil {
+		ps = append(ps, fmt.Errorf("-group-protocol: %w", err))
+	}
 	if o.faults, err = parseFaults(faults); err != nil {
 		ps = append(ps, fmt.Errorf("-faults: %w", err))
 	}
@@ -169,6 +178,24 @@ func parseFlags(args []string) (options, error) {
 		}
 	}
 	return o, errors.Join(ps...)
+}
+
+// pickProtocol returns the group protocol flag asks for: classic or
+// consumer as named, or by the seed's sixth bit when flag is "seed" (the
+// format takes the low bits: resolveFormat), so that runs with new seeds
+// try every protocol with every format and a seed always replays with the
+// same.
+func pickProtocol(flag string, seed uint64) (string, error) {
+	switch flag {
+	case "classic", "consumer":
+		return flag, nil
+	case "seed":
+		if seed>>5%2 == 0 {
+			return "classic", nil
+		}
+		return "consumer", nil
+	}
+	return "", fmt.Errorf("%q: classic, consumer or seed", flag)
 }
 
 func main() {

@@ -25,3 +25,32 @@ func TestBacklogIsAShare(t *testing.T) {
 		t.Errorf("default: backlog %v (%v), want 0.25", o.backlog, err)
 	}
 }
+
+// The members' group protocol is the one -group-protocol names, or the
+// seed's: a seed replays with the protocol it ran with, and new seeds try
+// both.
+func TestGroupProtocolBySeed(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-seed", "28"}, "classic"},
+		{[]string{"-seed", "29"}, "classic"},
+		{[]string{"-seed", "60"}, "consumer"},
+		{[]string{"-seed", "61"}, "consumer"},
+		{[]string{"-seed", "28", "-group-protocol", "consumer"}, "consumer"},
+		{[]string{"-seed", "29", "-group-protocol", "classic"}, "classic"},
+		{[]string{"-seed", "61", "-group-protocol", "seed"}, "consumer"},
+	} {
+		o, err := parseFlags(tc.args)
+		if err != nil || o.protocol != tc.want {
+			t.Errorf("%v: protocol %q (%v), want %q", tc.args, o.protocol, err, tc.want)
+		}
+		if y := (memberConfig{GroupProtocol: o.protocol}).yaml("m1", 1); !strings.Contains(y, "\n  group_protocol: "+tc.want+"\n") {
+			t.Errorf("%v: the member's configuration does not set group_protocol: %s:\n%s", tc.args, tc.want, y)
+		}
+	}
+	if _, err := parseFlags([]string{"-group-protocol", "cooperative"}); err == nil || !strings.Contains(err.Error(), "-group-protocol") {
+		t.Errorf("-group-protocol cooperative: %v, want an error naming -group-protocol", err)
+	}
+}

@@ -21,6 +21,7 @@ type memberConfig struct {
 	Brokers        []string
 	Topic, DLQ     string
 	Group          string
+	GroupProtocol  string // classic | consumer
 	SessionTimeout time.Duration
 	BatchRecords   int
 	MaxRecordBytes int
@@ -42,6 +43,7 @@ kafka:
   brokers: [%[2]s]
   topics: [%[3]s]
   group: %[4]s
+  group_protocol: %[17]s
   client_id: %[5]s%[1]s
   dead_letter_topic: %[6]s
   session_timeout: %[7]s
@@ -64,7 +66,7 @@ http:
 drain_timeout: %[16]s
 `, name, strings.Join(c.Brokers, ", "), c.Topic, c.Group, appPrefix, c.DLQ, c.SessionTimeout,
 		3*c.SessionTimeout, c.BatchRecords, c.MaxRecordBytes, dsn, c.Schema, c.PoolSize, c.TxTimeout, port,
-		3*c.SessionTimeout/2)
+		3*c.SessionTimeout/2, c.GroupProtocol)
 }
 
 // appPrefix starts every member's client id and Postgres application_name.
@@ -133,7 +135,14 @@ type memberSet struct {
 	all      []*slot
 	next     map[string]int // next slot number per prefix
 	ports    map[int]bool   // HTTP ports in use
+	// portBase is the members' first HTTP port: memberPortOffset above
+	// the broker's, so that runs on other -kafka-port's do not collide.
+	portBase int
 }
+
+// memberPortOffset puts the members' HTTP ports above the broker's port
+// (29300 and up for the default 29092).
+const memberPortOffset = 208
 
 // drainBound is how long a SIGTERMed member may take to drain before the
 // harness kills it (and reports it).
@@ -413,7 +422,7 @@ func (ms *memberSet) start(sl *slot) (*proc, error) {
 func (ms *memberSet) port() int {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	for p := 29300; ; p++ {
+	for p := ms.portBase; ; p++ {
 		if !ms.ports[p] {
 			ms.ports[p] = true
 			return p

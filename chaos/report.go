@@ -110,8 +110,8 @@ func (r *report) summary(word string) string {
 		settled = r.settled.Round(100 * time.Millisecond).String()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos: seed=%d format=%s events=%d records=%d kills=%d terms=%d stops=%d pg_restarts=%d broker_restarts=%d%s conn_cuts=%d commit_cuts=%d storms=%d replays=%d exits=%d",
-		r.c.o.seed, r.c.o.format, v.Events, len(r.exp.At), t.kills, t.terms, t.stops, t.pgRestarts, t.brokerRestarts, r.c.avro.summary(), t.connCuts(), t.commitCuts(), t.storms, t.replays, ms.exits.Load())
+	fmt.Fprintf(&b, "chaos: seed=%d protocol=%s format=%s events=%d records=%d kills=%d terms=%d stops=%d pg_restarts=%d broker_restarts=%d%s conn_cuts=%d commit_cuts=%d storms=%d replays=%d exits=%d",
+		r.c.o.seed, r.c.o.protocol, r.c.o.format, v.Events, len(r.exp.At), t.kills, t.terms, t.stops, t.pgRestarts, t.brokerRestarts, r.c.avro.summary(), t.connCuts(), t.commitCuts(), t.storms, t.replays, ms.exits.Load())
 	fmt.Fprintf(&b, " lost=%d", len(v.Lost))
 	if n := len(v.Unreached); n > 0 {
 		fmt.Fprintf(&b, " unreached=%d", n)

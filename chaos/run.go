@@ -149,7 +149,7 @@ func run(ctx context.Context, o options) (int, error) {
 	defer c.proxy.stop()
 	defer c.bg.Wait() // before the services stop
 
-	mcfg := memberConfig{Brokers: c.svc.brokers(), Topic: topic, DLQ: dlq, Group: group, SessionTimeout: o.session,
+	mcfg := memberConfig{Brokers: c.svc.brokers(), Topic: topic, DLQ: dlq, Group: group, GroupProtocol: o.protocol, SessionTimeout: o.session,
 		BatchRecords: o.batch, MaxRecordBytes: o.maxRecord, Schema: schema, PoolSize: 4, TxTimeout: 10 * time.Second,
 		DSN: strings.Replace(c.svc.pgDSN, ":"+strconv.Itoa(o.pgPort)+"/", ":"+strconv.Itoa(o.proxyPort)+"/", 1)}
 	if err := c.migrate(ctx, mcfg); err != nil {
@@ -203,6 +203,7 @@ func run(ctx context.Context, o options) (int, error) {
 	if c.members, err = newMemberSet(o.bin, dir, mcfg, env, tl); err != nil {
 		return exitSetup, err
 	}
+	c.members.portBase = o.kafkaPort + memberPortOffset
 	membersStopped := false
 	defer func() {
 		if !membersStopped {

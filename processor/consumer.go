@@ -375,6 +375,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.killed.Load() {
 		cancelClient()
 	}
+	c.reclaimInstance(hard, clientCtx)
 	// The event id tag comes after KafkaOptions: its hook runs after a
 	// tracing hook there has started the record's receive span.
 	opts := append(append(c.clientOptions(), c.cfg.KafkaOptions...),

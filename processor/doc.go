@@ -164,7 +164,10 @@
 // and epoch and changes nothing: the offsets stored in Postgres are the
 // truth. A static member (Config.InstanceID) keeps its place in the group
 // when it stops, and gets its partitions back if it returns within the
-// session timeout.
+// session timeout, under both protocols also after a crash: under KIP-848's
+// a restarted static member first sends the leave its killed predecessor
+// never sent (the broker refuses a new member with a static member's
+// instance id until that member has left).
 //
 // On context cancellation Run drains within DrainTimeout, commits, leaves
 // the group and returns; Abort ends it at once, as a crash would (but for

@@ -166,6 +166,92 @@ func (c *Consumer) checkProtocol(ctx context.Context, cl *kgo.Client) {
 	}
 }
 
+// reclaimInstance, under ConsumerProtocol with an InstanceID, makes the
+// group's member that holds this member's instance id, if any, leave for
+// now (member epoch -2, as a drained static member leaves), before this
+// member joins. KIP-848's broker refuses a member with a static member's
+// instance id until that member has left (UNRELEASED_INSTANCE_ID): a
+// static member killed (SIGKILL, a crashed node) never sent its leave,
+// and its restart would be refused until the broker's session timeout
+// (45s by default) expired, when its partitions go to the other members.
+// After this leave the restart takes the predecessor's place and its
+// partitions, with no rebalance, as under ClassicProtocol.
+//
+// If the holder is alive (two members configured with one instance id),
+// it is replaced all the same, as ClassicProtocol's broker fences the
+// older of the two: its next heartbeat finds its membership gone, it
+// loses its partitions (its workers stop; a batch it was writing is
+// fenced by Postgres, not applied twice) and its rejoin is refused with
+// UNRELEASED_INSTANCE_ID, which it logs.
+//
+// A failure is logged and the join goes ahead: franz-go then waits for
+// the broker to release the instance id, as before.
+func (c *Consumer) reclaimInstance(ctx context.Context, clientCtx context.Context) {
+	if c.cfg.GroupProtocol != ConsumerProtocol || c.cfg.InstanceID == "" {
+		return
+	}
+	opts := append(append([]kgo.Opt{kgo.SeedBrokers(c.cfg.Brokers...), kgo.ClientID(c.cfg.ClientID),
+		kgo.WithLogger(kgoLogger{c.log, &c.repeats})}, c.cfg.KafkaOptions...), kgo.WithContext(clientCtx))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		c.log.Warn("reclaim instance id: kafka client", "group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err)
+		return
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	holder, epoch, err := c.instanceHolder(ctx, cl)
+	if err != nil || holder == "" || epoch == -2 {
+		if err != nil {
+			c.log.Warn("reclaim instance id: describe group", "group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err)
+		}
+		return
+	}
+	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	req.Group, req.MemberID, req.MemberEpoch = c.cfg.Group, holder, -2
+	req.InstanceID = kmsg.StringPtr(c.cfg.InstanceID)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if err != nil && !errors.Is(err, kerr.UnknownMemberID) { // gone meanwhile: nothing to replace
+		c.log.Warn("reclaim instance id: the group's member with this member's instance id did not leave; the broker admits this member once it does or its session times out",
+			"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "member_id", holder, "err", err)
+		return
+	}
+	c.log.Warn("replaced the group's member with this member's instance id, which had not left (a crash, or another member with the same kafka.instance_id): this member takes its partitions",
+		"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "member_id", holder, "member_epoch", epoch)
+}
+
+// instanceHolder returns the member id and epoch of the group's member
+// with this member's instance id; an empty id when there is none (or no
+// group yet).
+func (c *Consumer) instanceHolder(ctx context.Context, cl *kgo.Client) (string, int32, error) {
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{c.cfg.Group}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return "", 0, err
+	}
+	for _, g := range resp.Groups {
+		if g.Group != c.cfg.Group {
+			continue
+		}
+		if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
+			if errors.Is(err, kerr.GroupIDNotFound) {
+				return "", 0, nil // a new group, or a classic one
+			}
+			return "", 0, err
+		}
+		for _, m := range g.Members {
+			if m.InstanceID != nil && *m.InstanceID == c.cfg.InstanceID {
+				return m.MemberID, m.MemberEpoch, nil
+			}
+		}
+	}
+	return "", 0, nil
+}
+
 // leaveGroup leaves the group at the end of Run's drain, logging a
 // failure. A dynamic member leaves for good: its partitions are assigned
 // again at once. A static member under ClassicProtocol sends nothing

@@ -117,13 +117,13 @@ func TestConsumerProtocolChurn(t *testing.T) {
 
 // A static member (kafka.instance_id) that stops and is restarted with
 // the same instance id within the session timeout gets its partitions
-// back, and no other member is assigned them meanwhile: under the classic
-// protocol whether it was drained or killed (no leave), under the
-// consumer protocol when it was drained (it left for now, epoch -2). A
-// member killed under the consumer protocol never left: the broker
-// refuses its restart (UNRELEASED_INSTANCE_ID, logged as an error) until
-// the old session expires, and the partitions move then. Every event is
-// applied once in every case.
+// back, and no other member is assigned them meanwhile, under both
+// protocols, whether it was drained (under the consumer protocol it left
+// for now, epoch -2) or killed (no leave). Under the consumer protocol
+// the broker refuses a new member with a static member's instance id
+// until that member left (UNRELEASED_INSTANCE_ID): the restart first
+// sends the leave its killed predecessor never sent, and says so. Every
+// event is applied once in every case.
 func TestStaticMemberRestartKeepsPartitions(t *testing.T) {
 	for _, tc := range []struct {
 		protocol processor.GroupProtocol
@@ -132,7 +132,7 @@ func TestStaticMemberRestartKeepsPartitions(t *testing.T) {
 	}{
 		{processor.ClassicProtocol, true, true},
 		{processor.ClassicProtocol, false, true},
-		{processor.ConsumerProtocol, true, false},
+		{processor.ConsumerProtocol, true, true},
 		{processor.ConsumerProtocol, false, true},
 	} {
 		stop := map[bool]string{true: "killed", false: "drained"}[tc.kill]
@@ -174,10 +174,12 @@ func TestStaticMemberRestartKeepsPartitions(t *testing.T) {
 
 				t.Logf("the stopped member held %d partitions, the other was assigned %d; the restart got %d, the other %d more",
 					heldA, assignedB, a2.c.Stats().Assigned, bm.c.Stats().Assigned-assignedB)
-				if !tc.kept {
-					if _, ok := logs.find(slog.LevelError, "another live member holds this member's instance id"); !ok {
-						t.Error("the restart did not say that the killed member still holds its instance id")
+				if tc.protocol == processor.ConsumerProtocol && tc.kill {
+					if _, ok := logs.find(slog.LevelWarn, "replaced the group's member with this member's instance id"); !ok {
+						t.Error("the restart did not say that it replaced the killed member still holding its instance id")
 					}
+				}
+				if !tc.kept {
 					return
 				}
 				if got := bm.c.Stats().Assigned; got != assignedB {
@@ -403,6 +405,52 @@ func TestDuplicateInstanceIDStopsTheFencedMember(t *testing.T) {
 		if got := second.c.Stats().Workers; got != 2 {
 			t.Errorf("the member that joined last runs %d workers, want 2", got)
 		}
+		second.stop(t)
+		e.checkExactlyOnce(stream.Unique)
+	})
+}
+
+// Two running members with one instance id under the consumer protocol:
+// the one that starts last replaces the other, which loses its partitions
+// (its workers stop) and, refused when it rejoins, says that another live
+// member holds its instance id. Every event is applied once.
+func TestDuplicateInstanceIDUnderConsumerProtocol(t *testing.T) {
+	eachPlainBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 2)
+		stream, err := orders.Generate(2000, 0, 37)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages[:len(stream.Messages)/2])
+		logs := &logRecorder{}
+		cfg := e.protocolConfig("first", processor.ConsumerProtocol, "same")
+		cfg.Logger = slog.New(logs)
+		first := e.start(cfg, e.writer(1000))
+		waitWorkers(t, 2, 60*time.Second, first)
+		second := e.start(e.protocolConfig("second", processor.ConsumerProtocol, "same"), e.writer(1000))
+		waitWorkers(t, 2, 60*time.Second, second)
+		deadline := time.Now().Add(60 * time.Second)
+		for first.c.Stats().Workers != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the replaced member still runs %d workers", first.c.Stats().Workers)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		for {
+			if _, ok := logs.find(slog.LevelError, "another live member holds this member's instance id"); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the replaced member did not say that another live member holds its instance id")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		e.produceMessages(stream.Messages[len(stream.Messages)/2:])
+		e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
+		if got := first.c.Stats().Workers; got != 0 {
+			t.Errorf("the replaced member runs %d workers, want 0", got)
+		}
+		first.stop(t)
 		second.stop(t)
 		e.checkExactlyOnce(stream.Unique)
 	})

@@ -106,6 +106,32 @@ func (g *Group) Crash() (bool, error) {
 	return true, m.Crash()
 }
 
+// Restart stops the longest-running member as a crash would and starts
+// it again under its name, which InProcessConfig.Consumer.InstanceID
+// makes the same static member to the group; it returns the new member,
+// or nil when none runs. The crash counts in Counts.Crashed, the start in
+// Counts.Started.
+func (g *Group) Restart(ctx context.Context) (Member, error) {
+	m := g.oldest(true)
+	if m == nil {
+		return nil, nil
+	}
+	if err := m.Crash(); err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n, err := g.start(ctx, m.Name())
+	if err != nil {
+		return nil, fmt.Errorf("restart %s: %w", m.Name(), err)
+	}
+	g.all = append(g.all, n)
+	g.running = append(g.running, n)
+	g.counts.Started++
+	g.counts.Running++
+	return n, nil
+}
+
 // Churn is the n-th (from 1) change of a group that keeps its size: a new
 // member joins, then the longest-running one stops — as a crash on every
 // third change, cleanly otherwise. crashed says which.

@@ -327,3 +327,38 @@ func TestInProcessInstanceIDs(t *testing.T) {
 		}
 	}
 }
+
+// Restart crashes the longest-running member and starts it again under
+// its name: the group's other members and the count of running ones stay
+// as they were.
+func TestRestartKeepsTheName(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	var names []string
+	g := members.NewGroup(func(ctx context.Context, name string) (members.Member, error) {
+		names = append(names, name)
+		return e.start(ctx, name)
+	})
+	defer func() {
+		if err := g.StopAll(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for range 2 {
+		if _, err := g.Start(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := g.Restart(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m == nil || m.Name() != "member-1" {
+		t.Fatalf("Restart returned %v, want member-1 started again", m)
+	}
+	if want := []string{"member-1", "member-2", "member-1"}; !slices.Equal(names, want) {
+		t.Errorf("started %v, want %v", names, want)
+	}
+	if c := g.Counts(); c.Started != 3 || c.Running != 2 || c.Crashed != 1 {
+		t.Errorf("counts %+v, want 3 started, 2 running, 1 crashed", c)
+	}
+}
