@@ -447,8 +447,8 @@ func (c Config) Validate() error {
 	if c.Kafka.RebalanceTimeout < c.Kafka.SessionTimeout {
 		bad("kafka.rebalance_timeout", "%v is shorter than kafka.session_timeout %v", c.Kafka.RebalanceTimeout, c.Kafka.SessionTimeout)
 	}
-	if c.Kafka.CommitInterval <= 0 {
-		bad("kafka.commit_interval", "must be positive, got %v", c.Kafka.CommitInterval)
+	if c.Kafka.CommitInterval < 100*time.Millisecond { // franz-go's autocommit floor
+		bad("kafka.commit_interval", "%v is below 100ms", c.Kafka.CommitInterval)
 	}
 	if c.Kafka.ProduceTimeout <= 0 {
 		bad("kafka.produce_timeout", "must be positive, got %v", c.Kafka.ProduceTimeout)

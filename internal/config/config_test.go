@@ -122,6 +122,11 @@ func TestLoadListsEveryProblem(t *testing.T) {
 			want: []string{"kafka.instance_id: \"" + strings.Repeat("a", 250) + "\" is 250 characters, more than 249"},
 		},
 		{
+			name: "commit interval below the client's floor",
+			file: "kafka:\n  commit_interval: 50ms\n",
+			want: []string{"kafka.commit_interval: 50ms is below 100ms"},
+		},
+		{
 			name: "a duration without a unit",
 			file: "dedup:\n  retention: 604800\n",
 			want: []string{"'dedup.retention' 604800 is a number without a unit"},
