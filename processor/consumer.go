@@ -491,6 +491,22 @@ func (c *Consumer) shutdown(cl *kgo.Client) {
 // kgoLogger sends franz-go's own logs (warnings and errors) to slog, a
 // line said again within repeatWindow held back (a deleted topic makes
 // franz-go fail every commit, per partition).
+// kgoRetryKeys are the keys franz-go changes at each retry of the same
+// failure (a group loop's error count and backoff): a line is the same
+// line without them.
+var kgoRetryKeys = map[string]bool{"consecutive_errors": true, "backoff": true}
+
+// lastingKeyvals is keyvals without the kgoRetryKeys pairs.
+func lastingKeyvals(keyvals []any) []any {
+	out := make([]any, 0, len(keyvals))
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		if k, _ := keyvals[i].(string); !kgoRetryKeys[k] {
+			out = append(out, keyvals[i], keyvals[i+1])
+		}
+	}
+	return out
+}
+
 type kgoLogger struct {
 	log  *slog.Logger
 	seen *repeats
@@ -506,7 +522,7 @@ func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	if level == kgo.LogLevelError {
 		lv = slog.LevelError
 	}
-	ok, held := l.seen.allow(fmt.Sprint(level, msg, keyvals), time.Now())
+	ok, held := l.seen.allow(fmt.Sprint(level, msg, lastingKeyvals(keyvals)), time.Now())
 	if !ok {
 		return
 	}

@@ -1,8 +1,13 @@
 package processor
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func TestRepeatsHoldBackALineSaidAgain(t *testing.T) {
@@ -27,5 +32,26 @@ func TestRepeatsHoldBackALineSaidAgain(t *testing.T) {
 	}
 	if len(r.last) > maxRepeatKeys {
 		t.Fatalf("%d lines remembered, want at most %d", len(r.last), maxRepeatKeys)
+	}
+}
+
+// franz-go says a failing group loop again every few seconds with a new
+// consecutive_errors and backoff each time (an instance id another live
+// member holds, under the consumer protocol): it is one line a minute,
+// not one every retry.
+func TestKafkaLoopErrorsAreHeldBackAcrossRetries(t *testing.T) {
+	var buf bytes.Buffer
+	l := kgoLogger{slog.New(slog.NewTextHandler(&buf, nil)), &repeats{}}
+	for i := range 8 {
+		l.Log(kgo.LogLevelError, "group manage loop errored", "group", "g", "err", "UNRELEASED_INSTANCE_ID",
+			"consecutive_errors", i+1, "backoff", time.Duration(i+1)*271*time.Millisecond)
+	}
+	if n := strings.Count(buf.String(), "group manage loop errored"); n != 1 {
+		t.Fatalf("the loop's error logged %d times over 8 retries, want once:\n%s", n, buf.String())
+	}
+	l.Log(kgo.LogLevelError, "group manage loop errored", "group", "g", "err", "COORDINATOR_NOT_AVAILABLE",
+		"consecutive_errors", 9, "backoff", time.Second)
+	if n := strings.Count(buf.String(), "group manage loop errored"); n != 2 {
+		t.Fatalf("another error of the loop was held back:\n%s", buf.String())
 	}
 }
