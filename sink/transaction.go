@@ -59,7 +59,8 @@ func (o *outcome) merge(p outcome) {
 // savepoint itself), so isolating many culprits over a slow link can take
 // longer than TxTimeout: with [Batch.AllowPrefix], the isolating
 // transaction then commits the prefix of b it has settled, and
-// [Result.NextOffset] says where the rest begins. A timeout is never
+// [Result.NextOffset] says where the rest begins; it does so at once when
+// [Batch.Stop] is closed. A timeout is never
 // taken for a culprit: nothing is dead-lettered because the database was
 // slow. A dead-lettered event applies nothing
 // for any handler, and leaves no claim. The isolating transaction locks
@@ -221,11 +222,12 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 	var out outcome
 	if isolate {
 		var stopAt time.Time
+		var stop <-chan struct{}
 		if b.AllowPrefix {
-			stopAt = start.Add(w.cfg.TxTimeout / 2)
+			stopAt, stop = start.Add(w.cfg.TxTimeout/2), b.Stop
 		}
 		var next int64
-		out, next, err = w.isolate(ctx, tx, b, todo, stopAt)
+		out, next, err = w.isolate(ctx, tx, b, todo, stopAt, stop)
 		out.next = next
 	} else {
 		out, err = w.apply(ctx, tx, b, todo, nil)
