@@ -80,7 +80,7 @@ func TestIsolationProgressesAcrossRebalances(t *testing.T) {
 			if i > maxOwners {
 				t.Fatalf("after %d changes of owner, %v apart: stored offset %d of %d (after each change: %v), %d dead letters of %d: "+
 					"each owner's isolation starts again from the same record and none gets through",
-					maxOwners, tenure, stored(), bad+1, progress,
+					maxOwners, tenure+tenure/3, stored(), bad+1, progress,
 					count(`SELECT count(*) FROM `+e.schema+`.dead_letters WHERE consumer_group = $1`, e.group), bad)
 			}
 			time.Sleep(tenure)

@@ -44,8 +44,8 @@ var errOutOfTime = errors.New("isolation out of time")
 // Groups are settled in the batch's order, so the events settled at any
 // time are a prefix of todo's events. When stopAt is not zero and has
 // passed, or stop is closed, as a group is about to start, and at least
-// one event is settled,
-// isolate starts no more groups: it returns the outcome of the events
+// one event is settled, isolate starts no more groups: it returns the
+// outcome of the events
 // before that group's first event (their claims, their dead letters;
 // culprits named beyond it are dropped, and found again by the batch that
 // writes the rest) and that event's offset as next. Otherwise next is
@@ -178,15 +178,7 @@ func (is *isolation) try(ctx context.Context, evs []int) error {
 // outOfTime reports whether the isolation must start no more groups:
 // stopAt has passed or stop is closed.
 func (is *isolation) outOfTime() bool {
-	if !is.stopAt.IsZero() && time.Now().After(is.stopAt) {
-		return true
-	}
-	select {
-	case <-is.stop:
-		return true
-	default:
-		return false
-	}
+	return !is.stopAt.IsZero() && time.Now().After(is.stopAt) || closed(is.stop)
 }
 
 // group applies the events evs in the savepoint: err is the application's

@@ -119,7 +119,11 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 		skipped = slices.DeleteFunc(skipped, func(s skip) bool { return b.Events[s.event].Offset >= out.next })
 		res.SkippedLRU = len(skipped)
 		conflicts = below(conflicts, out.next)
-		w.log.Info("isolation ran long: committed the records isolated so far; the rest follow in the next batch",
+		msg := "isolation ran long: committed the records isolated so far; the rest follow in the next batch"
+		if closed(b.Stop) {
+			msg = "isolation cut short, the partition being given up: committed the records isolated so far; its next owner writes the rest"
+		}
+		w.log.Info(msg,
 			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "next_offset", out.next,
 			"batch_size", len(b.Events), "dead_letters", len(out.dead))
 	}
@@ -178,6 +182,16 @@ func below(dls []DeadLetter, next int64) []DeadLetter {
 		}
 	}
 	return out
+}
+
+// closed reports whether c is closed (never, when nil).
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func firstOffset(b *Batch) int64 {
