@@ -110,7 +110,13 @@
 // isolation of culprits runs long (many bad records, a slow link, a slow
 // statement) commits the part it has settled, with its offset
 // (sink.Batch.AllowPrefix), and the worker writes the rest as new
-// batches, about twice the size of that part. A transaction that times
+// batches, about twice the size of that part. A worker told to stop
+// (revoked, drained at shutdown) while its batch isolates commits the part
+// settled so far at the next savepoint group (sink.Batch.Stop), at least
+// the batch's first record, instead of waiting for DrainTimeout to abort
+// it all: the next owner starts after it, so an isolation longer than the
+// time between two rebalances still progresses with each owner rather
+// than starting over. A transaction that times
 // out makes the worker halve its batch size (down to one record) and
 // write the same records again; the size doubles back after four batches
 // in a row commit whole. A timeout is never taken as evidence against a

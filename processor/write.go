@@ -25,7 +25,8 @@ import (
 // writer (fenced), or the transaction's context was canceled (aborted).
 // It writes them as one batch when it can, and as several when the
 // Writer commits a prefix of a batch whose isolation of culprits runs
-// long (sink.Batch.AllowPrefix) or when a transaction times out (see
+// long (sink.Batch.AllowPrefix) or is cut short because the worker is
+// told to stop (sink.Batch.Stop), or when a transaction times out (see
 // write). Data errors never reach here: the Writer isolates them into
 // dead letters. Only after a batch's COMMIT is its last record marked for
 // the Kafka commit; records given up are written by no one here, and the
@@ -81,7 +82,13 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 	if b == nil {
 		return 0, why
 	}
-	b.AllowPrefix, b.Isolate = true, w.dense
+	// A worker told to stop while its batch isolates culprits commits
+	// what the isolation settled (at least one event) at the next
+	// savepoint group, rather than holding a revoke up until DrainTimeout
+	// aborts it all: the next owner starts after it. Without this, an
+	// isolation longer than the time between two rebalances would start
+	// again from the same record with each owner, for ever.
+	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense, w.quit
 	b.DeferOffset = !retry && w.mayDeferOffset()
 	defer func() {
 		// Nothing keeps a batch's events once it is written or given up

@@ -103,6 +103,18 @@ type Batch struct {
 	// many culprits the batch holds and however slow each round trip is.
 	// Without it, the whole isolation must fit in one TxTimeout.
 	AllowPrefix bool
+	// Stop, with AllowPrefix, cuts an isolation short as half of TxTimeout
+	// does: once it is closed, the isolating transaction starts no new
+	// savepoint group and commits the prefix it has settled, at least one
+	// event (it goes on until the batch's first event is settled, a few
+	// groups, when none is yet), with the offset of the first event left
+	// stored. Meant for a caller that must give the partition up soon (a
+	// revoke, a shutdown): what its isolation settled is kept, and
+	// whoever writes the partition next starts after it, instead of
+	// isolating the same records again from the start. The commit is
+	// fenced as any other (Epoch, Fence). Nil: never closed. Write only
+	// receives from it.
+	Stop <-chan struct{}
 	// Isolate says that the batch continues one whose culprits were dense
 	// (the rest of a batch that committed a prefix, most of it dead
 	// letters): Write skips the plain transaction, which would most

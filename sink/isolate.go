@@ -23,7 +23,8 @@ const savepoint = "onceflow_isolate"
 const denseAfter = 4
 
 // errOutOfTime ends an isolation that used its share of the transaction's
-// time (Batch.AllowPrefix).
+// time, or whose caller must give the partition up (Batch.AllowPrefix,
+// Batch.Stop).
 var errOutOfTime = errors.New("isolation out of time")
 
 // isolate applies todo event by event group under savepoints, halving
@@ -42,13 +43,14 @@ var errOutOfTime = errors.New("isolation out of time")
 //
 // Groups are settled in the batch's order, so the events settled at any
 // time are a prefix of todo's events. When stopAt is not zero and has
-// passed as a group is about to start, and at least one event is settled,
-// isolate starts no more groups: it returns the outcome of the events
+// passed, or stop is closed, as a group is about to start, and at least
+// one event is settled, isolate starts no more groups: it returns the
+// outcome of the events
 // before that group's first event (their claims, their dead letters;
 // culprits named beyond it are dropped, and found again by the batch that
 // writes the rest) and that event's offset as next. Otherwise next is
 // b.NextOffset. The dead letters returned are logged.
-func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending, stopAt time.Time) (outcome, int64, error) {
+func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending, stopAt time.Time, stop <-chan struct{}) (outcome, int64, error) {
 	ctx, span := w.tracer.Start(ctx, "sink.isolate")
 	defer span.End()
 	fail := func(err error) (outcome, int64, error) {
@@ -64,7 +66,7 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT `+savepoint); err != nil {
 		return fail(fmt.Errorf("isolate: %w", err))
 	}
-	is := &isolation{w: w, tx: tx, b: b, held: held, stopAt: stopAt, byEvent: map[int][]pending{}}
+	is := &isolation{w: w, tx: tx, b: b, held: held, stopAt: stopAt, stop: stop, byEvent: map[int][]pending{}}
 	if b.Isolate {
 		is.seed = denseAfter // as if the batch went on from that many culprits
 	}
@@ -106,6 +108,7 @@ type isolation struct {
 	byEvent map[int][]pending // the keys of each event of todo
 	first   int               // the first event of todo: no stop before it is settled
 	stopAt  time.Time         // zero: never stop
+	stop    <-chan struct{}   // closed: stop (as stopAt); nil: never
 	// used: the savepoint holds a group that applied, so it is released
 	// and set again before the next group (a failure then rolls back to
 	// just before that group). After a rollback to it, it is set and
@@ -125,7 +128,7 @@ func (is *isolation) try(ctx context.Context, evs []int) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	if !is.stopAt.IsZero() && evs[0] != is.first && time.Now().After(is.stopAt) {
+	if evs[0] != is.first && is.outOfTime() {
 		is.cut = evs[0]
 		return errOutOfTime
 	}
@@ -170,6 +173,12 @@ func (is *isolation) try(ctx context.Context, evs []int) error {
 		return err
 	}
 	return is.try(ctx, evs[mid:])
+}
+
+// outOfTime reports whether the isolation must start no more groups:
+// stopAt has passed or stop is closed.
+func (is *isolation) outOfTime() bool {
+	return !is.stopAt.IsZero() && time.Now().After(is.stopAt) || closed(is.stop)
 }
 
 // group applies the events evs in the savepoint: err is the application's

@@ -163,3 +163,80 @@ func TestIsolateHintChangesNoOutcome(t *testing.T) {
 		t.Errorf("events paid: %d, want %d", n, 40-len(bad))
 	}
 }
+
+// A batch written with Batch.Stop already closed (its caller must give the
+// partition up) commits, if it must isolate culprits, the prefix settled
+// by the time the isolation's first event is: never nothing, and no more
+// than that; the stored offset and dead letters are that prefix's. Without
+// AllowPrefix, or with no culprit to isolate, Stop changes nothing.
+func TestIsolationStopsAtOnce(t *testing.T) {
+	closed := make(chan struct{})
+	close(closed)
+	for _, c := range []struct {
+		name        string
+		bad         []bool // per record
+		allowPrefix bool
+		wantNext    int64 // stored and returned
+		wantDead    int64
+		wantApplied int64
+	}{
+		// The first group that applies holds the first two: the rest
+		// waits.
+		{"good records first", []bool{false, false, true, true, false, true, false, false}, true, 2, 0, 2},
+		// The first record is a culprit, found alone after a few halvings.
+		{"all bad", []bool{true, true, true, true, true, true, true, true}, true, 1, 1, 0},
+		{"without AllowPrefix", []bool{false, false, true, true, false, true, false, false}, false, 8, 3, 5},
+		{"nothing to isolate", []bool{false, false, false, false}, true, 4, 0, 4},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pool := sinktest.Pool(t)
+			schema := sinktest.Schema(t, pool)
+			payments := pgx.Identifier{schema, "payments"}.Sanitize()
+			exec(t, pool, `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`)
+			h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay",
+				SQL: `INSERT INTO ` + payments + ` SELECT event_id, (payload->>'amount')::numeric FROM events`})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := sink.New(pool, sink.Config{Schema: schema, Group: "g", Handlers: []sink.Handler{h}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			epoch := take(t, w)
+			var ids []uuid.UUID
+			var vals [][]byte
+			for i, bad := range c.bad {
+				ids = append(ids, uuid.New())
+				if bad {
+					vals = append(vals, fmt.Appendf(nil, `{"amount":"bad-%d"}`, i))
+				} else {
+					vals = append(vals, []byte(`{"amount":"1"}`))
+				}
+			}
+			n := int64(len(c.bad))
+			res, err := w.Write(t.Context(), &sink.Batch{Topic: "orders", Epoch: epoch, Fence: -1, NextOffset: n,
+				Events: events(0, ids, vals), AllowPrefix: c.allowPrefix, Stop: closed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.NextOffset != c.wantNext || int64(res.DeadLetters) != c.wantDead || int64(res.Applied) != c.wantApplied {
+				t.Errorf("result: next offset %d, dead letters %d, applied %d; want %d, %d, %d",
+					res.NextOffset, res.DeadLetters, res.Applied, c.wantNext, c.wantDead, c.wantApplied)
+			}
+			for _, q := range []struct {
+				what string
+				sql  string
+				want int64
+			}{
+				{"stored offset", `SELECT next_offset FROM ` + schema + `.sink_offsets`, c.wantNext},
+				{"dead letters", `SELECT count(*) FROM ` + schema + `.dead_letters`, c.wantDead},
+				{"payments", `SELECT count(*) FROM ` + payments, c.wantApplied},
+				{"claims", `SELECT count(*) FROM ` + schema + `.processed_events`, c.wantApplied},
+			} {
+				if got := sinktest.Count(t, pool, q.sql); got != q.want {
+					t.Errorf("%s: %d, want %d", q.what, got, q.want)
+				}
+			}
+		})
+	}
+}

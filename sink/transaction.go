@@ -59,7 +59,8 @@ func (o *outcome) merge(p outcome) {
 // savepoint itself), so isolating many culprits over a slow link can take
 // longer than TxTimeout: with [Batch.AllowPrefix], the isolating
 // transaction then commits the prefix of b it has settled, and
-// [Result.NextOffset] says where the rest begins. A timeout is never
+// [Result.NextOffset] says where the rest begins; it does so at once when
+// [Batch.Stop] is closed. A timeout is never
 // taken for a culprit: nothing is dead-lettered because the database was
 // slow. A dead-lettered event applies nothing
 // for any handler, and leaves no claim. The isolating transaction locks
@@ -118,7 +119,11 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 		skipped = slices.DeleteFunc(skipped, func(s skip) bool { return b.Events[s.event].Offset >= out.next })
 		res.SkippedLRU = len(skipped)
 		conflicts = below(conflicts, out.next)
-		w.log.Info("isolation ran long: committed the records isolated so far; the rest follow in the next batch",
+		msg := "isolation ran long: committed the records isolated so far; the rest follow in the next batch"
+		if closed(b.Stop) {
+			msg = "isolation cut short, the partition being given up: committed the records isolated so far; its next owner writes the rest"
+		}
+		w.log.Info(msg,
 			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "next_offset", out.next,
 			"batch_size", len(b.Events), "dead_letters", len(out.dead))
 	}
@@ -179,6 +184,16 @@ func below(dls []DeadLetter, next int64) []DeadLetter {
 	return out
 }
 
+// closed reports whether c is closed (never, when nil).
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
 func firstOffset(b *Batch) int64 {
 	if len(b.Events) > 0 {
 		return b.Events[0].Offset
@@ -221,11 +236,12 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 	var out outcome
 	if isolate {
 		var stopAt time.Time
+		var stop <-chan struct{}
 		if b.AllowPrefix {
-			stopAt = start.Add(w.cfg.TxTimeout / 2)
+			stopAt, stop = start.Add(w.cfg.TxTimeout/2), b.Stop
 		}
 		var next int64
-		out, next, err = w.isolate(ctx, tx, b, todo, stopAt)
+		out, next, err = w.isolate(ctx, tx, b, todo, stopAt, stop)
 		out.next = next
 	} else {
 		out, err = w.apply(ctx, tx, b, todo, nil)
