@@ -82,13 +82,18 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 	if b == nil {
 		return 0, why
 	}
-	// A worker told to stop while its batch isolates culprits commits
-	// what the isolation settled (at least one event) at the next
-	// savepoint group, rather than holding a revoke up until DrainTimeout
-	// aborts it all: the next owner starts after it. Without this, an
-	// isolation longer than the time between two rebalances would start
-	// again from the same record with each owner, for ever.
-	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense, w.quit
+	// A worker told to stop while its batch isolates culprits goes on
+	// isolating for half of DrainTimeout, then commits what the isolation
+	// settled (at least one event) at the next savepoint group, rather
+	// than holding a revoke up until DrainTimeout aborts it all: the next
+	// owner starts after it. Without this, an isolation longer than the
+	// time between two rebalances would start again from the same record
+	// with each owner, for ever; stopping at once, each owner would settle
+	// little more than one event when rebalances come every few seconds.
+	stop, done := make(chan struct{}), make(chan struct{})
+	defer close(done)
+	go closeAfterQuit(w.quit, done, stop, cfg.DrainTimeout/2) // ends when write returns
+	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense, stop
 	b.DeferOffset = !retry && w.mayDeferOffset()
 	defer func() {
 		// Nothing keeps a batch's events once it is written or given up
@@ -277,5 +282,22 @@ func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Recor
 	if cb := w.c.cfg.OnBatch; cb != nil {
 		cb(BatchInfo{Topic: b.Topic, Partition: b.Partition, Records: len(recs),
 			NextOffset: res.NextOffset, Result: res, Duration: time.Since(start)})
+	}
+}
+
+// closeAfterQuit closes stop after grace once quit is closed, unless done
+// is closed first; it returns when it has closed stop or done is closed.
+func closeAfterQuit(quit, done <-chan struct{}, stop chan<- struct{}, grace time.Duration) {
+	select {
+	case <-done:
+		return
+	case <-quit:
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		close(stop)
 	}
 }
