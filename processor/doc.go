@@ -111,8 +111,9 @@
 // statement) commits the part it has settled, with its offset
 // (sink.Batch.AllowPrefix), and the worker writes the rest as new
 // batches, about twice the size of that part. A worker told to stop
-// (revoked, drained at shutdown) while its batch isolates commits the part
-// settled so far at the next savepoint group (sink.Batch.Stop), at least
+// (revoked, drained at shutdown) while its batch isolates goes on for half
+// of DrainTimeout, then commits the part settled so far at the next
+// savepoint group (sink.Batch.Stop), at least
 // the batch's first record, instead of waiting for DrainTimeout to abort
 // it all: the next owner starts after it, so an isolation longer than the
 // time between two rebalances still progresses with each owner rather
