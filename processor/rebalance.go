@@ -239,6 +239,7 @@ func (c *Consumer) stopWorkers(ws []*worker, abort bool) {
 			w.cancel()
 		}
 		close(w.quit)
+		time.AfterFunc(c.cfg.DrainTimeout/2, func() { close(w.settle) })
 	}
 	deadline := time.NewTimer(c.cfg.DrainTimeout)
 	defer deadline.Stop()

@@ -86,7 +86,10 @@ type worker struct {
 
 	wake chan struct{} // size 1: records were queued
 	quit chan struct{} // closed to stop the worker
-	done chan struct{} // closed when the worker has exited
+	// settle is closed half of DrainTimeout after quit (stopWorkers): an
+	// isolation in flight then commits what it has settled (sink.Batch.Stop).
+	settle chan struct{}
+	done   chan struct{} // closed when the worker has exited
 
 	ctx    context.Context // canceled to abort the in-flight transaction
 	cancel context.CancelFunc
@@ -99,7 +102,7 @@ func (c *Consumer) newWorker(k tp, l sink.Lease, next int64) *worker {
 	w := &worker{
 		c: c, key: k, epoch: l.Epoch, fence: l.NextOffset, topicID: c.topicIDs[k.topic], storedAt: time.Now(),
 		size: c.cfg.BatchMaxRecords,
-		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), quit: make(chan struct{}), settle: make(chan struct{}), done: make(chan struct{}),
 		ctx: ctx, cancel: cancel,
 	}
 	w.next.Store(max(next, 0))

@@ -90,10 +90,7 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 	// time between two rebalances would start again from the same record
 	// with each owner, for ever; stopping at once, each owner would settle
 	// little more than one event when rebalances come every few seconds.
-	stop, done := make(chan struct{}), make(chan struct{})
-	defer close(done)
-	go closeAfterQuit(w.quit, done, stop, cfg.DrainTimeout/2) // ends when write returns
-	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense, stop
+	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense, w.settle
 	b.DeferOffset = !retry && w.mayDeferOffset()
 	defer func() {
 		// Nothing keeps a batch's events once it is written or given up
@@ -282,22 +279,5 @@ func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Recor
 	if cb := w.c.cfg.OnBatch; cb != nil {
 		cb(BatchInfo{Topic: b.Topic, Partition: b.Partition, Records: len(recs),
 			NextOffset: res.NextOffset, Result: res, Duration: time.Since(start)})
-	}
-}
-
-// closeAfterQuit closes stop after grace once quit is closed, unless done
-// is closed first; it returns when it has closed stop or done is closed.
-func closeAfterQuit(quit, done <-chan struct{}, stop chan<- struct{}, grace time.Duration) {
-	select {
-	case <-done:
-		return
-	case <-quit:
-	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		close(stop)
 	}
 }
