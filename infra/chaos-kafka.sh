@@ -24,20 +24,10 @@ fi
 
 case "${1:-start}" in
 crash)
-  pidfile=$KAFKA_DIR/kafka.pid
-  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    pid=$(cat "$pidfile")
-    kill -9 "$pid"
-    # Wait until it is gone (or a zombie not reaped yet) and its port is
-    # closed, so that a start right after does not find it still there.
-    for _ in $(seq 1 200); do
-      case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
-      "" | Z*) (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null || break ;;
-      esac
-      sleep 0.05
-    done
-    rm -f "$pidfile"
-  fi
+  name=infra/chaos-kafka.sh pidfile=$KAFKA_DIR/kafka.pid
+  # shellcheck source=infra/lib.sh
+  . "$here/lib.sh"
+  crash_process "$KAFKA_PORT"
   ;;
 start | stop | status | brokers) exec "$here/kafka.sh" "$1" ;;
 *) echo "usage: infra/chaos-kafka.sh [start|crash|stop|status|brokers]" >&2; exit 2 ;;

@@ -27,20 +27,10 @@ fi
 
 case "${1:-start}" in
 crash)
-  pidfile=$SCHEMA_REGISTRY_DIR/registry.pid
-  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-    pid=$(cat "$pidfile")
-    kill -9 "$pid"
-    # Wait until it is gone (or a zombie not reaped yet) and its port is
-    # closed, so that a start right after does not find it still there.
-    for _ in $(seq 1 200); do
-      case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
-      "" | Z*) (exec 3<>"/dev/tcp/127.0.0.1/$SCHEMA_REGISTRY_PORT") 2>/dev/null || break ;;
-      esac
-      sleep 0.05
-    done
-    rm -f "$pidfile"
-  fi
+  name=infra/chaos-schema-registry.sh pidfile=$SCHEMA_REGISTRY_DIR/registry.pid
+  # shellcheck source=infra/lib.sh
+  . "$here/lib.sh"
+  crash_process "$SCHEMA_REGISTRY_PORT"
   ;;
 start | stop | status | url) exec "$here/schema-registry.sh" "$1" ;;
 *) echo "usage: infra/chaos-schema-registry.sh [start|crash|stop|status|url]" >&2; exit 2 ;;

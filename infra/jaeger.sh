@@ -17,8 +17,11 @@ bin=$cache/bin/jaeger
 dir=${JAEGER_DIR:-${TMPDIR:-/tmp}/onceflow-jaeger}
 pidfile=$dir/jaeger.pid
 
-running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
-ready() { (exec 3<>/dev/tcp/127.0.0.1/16686) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/4318) 2>/dev/null; }
+name=infra/jaeger.sh
+# shellcheck source=infra/lib.sh
+. "$here/lib.sh"
+
+ready() { listening 16686 && listening 4318; }
 
 build() {
   if [ -x "$bin" ]; then return; fi
@@ -36,7 +39,7 @@ build() {
 
 start() {
   if running && ready; then echo "jaeger running: OTLP http://127.0.0.1:4318, query http://127.0.0.1:16686"; return; fi
-  if (exec 3<>/dev/tcp/127.0.0.1/16686) 2>/dev/null || (exec 3<>/dev/tcp/127.0.0.1/4318) 2>/dev/null; then
+  if listening 16686 || listening 4318; then
     echo "infra/jaeger.sh: 127.0.0.1:16686 or :4318 is in use by a process this script did not start (pid file $pidfile)" >&2
     exit 1
   fi
@@ -44,22 +47,14 @@ start() {
   mkdir -p "$dir"
   nohup "$bin" --config "file:$here/jaeger/config.yaml" >"$dir/jaeger.log" 2>&1 &
   echo $! >"$pidfile"
-  for _ in $(seq 1 120); do
-    if ready; then echo "jaeger running: OTLP http://127.0.0.1:4318, query http://127.0.0.1:16686"; return; fi
-    running || { echo "infra/jaeger.sh: jaeger exited; see $dir/jaeger.log" >&2; tail -20 "$dir/jaeger.log" >&2; exit 1; }
-    sleep 0.5
-  done
-  echo "infra/jaeger.sh: jaeger not ready within 60s; see $dir/jaeger.log" >&2
-  exit 1
+  wait_ready 60 "$dir/jaeger.log" "answer on 127.0.0.1:16686 and :4318"
+  echo "jaeger running: OTLP http://127.0.0.1:4318, query http://127.0.0.1:16686"
 }
 
 case "${1:-start}" in
 build) build ;;
 start) start ;;
-stop)
-  if running; then kill "$(cat "$pidfile")"; fi
-  rm -f "$pidfile"
-  ;;
+stop) stop_process ;;
 status) if running && ready; then echo running; else echo "not running"; exit 1; fi ;;
 *) echo "usage: infra/jaeger.sh [build|start|stop|status]" >&2; exit 2 ;;
 esac

@@ -46,27 +46,15 @@ for p in "$port" "$cport" "$iport"; do
   esac
 done
 
-running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
-
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
+name=infra/kafka-secure.sh
+# shellcheck source=infra/lib.sh
+. "$here/lib.sh"
 
 # ready: a TLS handshake with the client certificate succeeds against the CA.
 ready() {
-  listening && openssl s_client -connect "127.0.0.1:$port" -CAfile "$client/ca.crt" -verify_return_error \
+  listening "$port" && openssl s_client -connect "127.0.0.1:$port" -CAfile "$client/ca.crt" -verify_return_error \
     -cert "$client/client.crt" -key "$client/client.key" </dev/null >/dev/null 2>&1
 }
-
-resolve() {
-  if [ -f "$lib/.complete" ]; then return; fi
-  command -v mvn >/dev/null || { echo "infra/kafka-secure.sh: mvn not found (apt-get install maven)" >&2; exit 1; }
-  echo "infra/kafka-secure.sh: resolving Kafka jars from Maven Central into infra/kafka/lib (first time only)" >&2
-  rm -rf "$lib"
-  (cd "$here/kafka" && mvn -B -q dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=lib)
-  touch "$lib/.complete"
-}
-
-java_run() { java "-Xms$heap" "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true \
-  "-Dlog4j2.configurationFile=$dir/log4j2.properties" -Dkafka.logs.dir="$dir/logs" -cp "$lib/*" "$@"; }
 
 # certificates: a CA, the broker's certificate (127.0.0.1 and localhost) in a
 # PKCS12 keystore, the CA in a truststore for client certificates, a client
@@ -105,12 +93,12 @@ certificates() {
 
 start() {
   if running && ready; then echo "127.0.0.1:$port"; echo "$client/ca.crt"; return; fi
-  if listening && ! running; then
+  if listening "$port" && ! running; then
     echo "infra/kafka-secure.sh: 127.0.0.1:$port is in use by a process this script did not start (pid file $pidfile); stop it or set KAFKA_SECURE_PORT" >&2
     exit 1
   fi
   command -v java >/dev/null || { echo "infra/kafka-secure.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
-  resolve
+  kafka_resolve
   certificates
   mkdir -p "$dir/data" "$dir/logs"
   local pw store_pw
@@ -137,70 +125,19 @@ ssl.key.password=$store_pw
 ssl.truststore.type=PKCS12
 ssl.truststore.location=$tlsdir/truststore.p12
 ssl.truststore.password=$store_pw
-log.dirs=$dir/data
-num.partitions=4
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-group.min.session.timeout.ms=500
-# KIP-848 (group.protocol=consumer) groups: the broker sets their session and heartbeat.
-# Test-sized like the classic members' 3 s session (Kafka's defaults: 45 s and 5 s).
-group.consumer.min.session.timeout.ms=1000
-group.consumer.session.timeout.ms=3000
-group.consumer.min.heartbeat.interval.ms=300
-group.consumer.heartbeat.interval.ms=300
-auto.create.topics.enable=true
-delete.topic.enable=true
 CONF
+  kafka_properties >>"$conf"
   chmod 600 "$conf"
-  cat >"$dir/log4j2.properties" <<'CONF'
-status = error
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = ${sys:kafka.logs.dir}/server.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = INFO
-CONF
-  if [ ! -f "$dir/data/meta.properties" ]; then
-    java_run kafka.tools.StorageTool format -t "$(java_run kafka.tools.StorageTool random-uuid 2>/dev/null)" -c "$conf" \
-      --add-scram "SCRAM-SHA-256=[name=$user,password=$pw]" --add-scram "SCRAM-SHA-512=[name=$user,password=$pw]" \
-      >"$dir/logs/format.log" 2>&1 \
-      || { echo "infra/kafka-secure.sh: formatting storage failed; see $dir/logs/format.log" >&2; exit 1; }
-  fi
-  nohup java "-Xms$heap" "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true \
-    "-Dlog4j2.configurationFile=$dir/log4j2.properties" -Dkafka.logs.dir="$dir/logs" \
-    -cp "$lib/*" kafka.Kafka "$conf" >"$dir/logs/stdout.log" 2>&1 &
-  echo $! >"$pidfile"
-  for _ in $(seq 1 120); do
-    if ready; then echo "127.0.0.1:$port"; echo "$client/ca.crt"; return; fi
-    running || { echo "infra/kafka-secure.sh: Kafka exited; see $dir/logs/stdout.log and server.log" >&2; tail -20 "$dir/logs/stdout.log" >&2; exit 1; }
-    sleep 0.5
-  done
-  echo "infra/kafka-secure.sh: Kafka did not accept TLS on 127.0.0.1:$port within 60s; see $dir/logs" >&2
-  exit 1
-}
-
-stop() {
-  if running; then
-    kill "$(cat "$pidfile")"
-    for _ in $(seq 1 60); do running || break; sleep 0.5; done
-    running && kill -9 "$(cat "$pidfile")"
-  fi
-  rm -f "$pidfile"
+  kafka_launch "$conf" --add-scram "SCRAM-SHA-256=[name=$user,password=$pw]" --add-scram "SCRAM-SHA-512=[name=$user,password=$pw]"
+  wait_ready 60 "$dir/logs/stdout.log" "accept TLS on 127.0.0.1:$port"
+  echo "127.0.0.1:$port"
+  echo "$client/ca.crt"
 }
 
 case "${1:-start}" in
 start) start ;;
-stop) stop ;;
-drop) stop; rm -rf "$dir" ;;
+stop) stop_process ;;
+drop) stop_process; rm -rf "$dir" ;;
 status) if running && ready; then echo "running on 127.0.0.1:$port (SASL_SSL)"; else echo "not running"; exit 1; fi ;;
 brokers) echo "127.0.0.1:$port" ;;
 client) echo "$client" ;;

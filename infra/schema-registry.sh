@@ -25,7 +25,9 @@ jar=$proj/target/schema-registry-1-runner.jar
 pidfile=$dir/registry.pid
 url="http://127.0.0.1:$port/apis/ccompat/v7"
 
-running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+name=infra/schema-registry.sh
+# shellcheck source=infra/lib.sh
+. "$here/lib.sh"
 
 # ready: the Confluent API answers a listing (an HTTP 200 with a JSON array).
 ready() (
@@ -34,8 +36,6 @@ ready() (
   IFS= read -r -t 5 status <&3 || exit 1
   [[ $status == *" 200"* ]]
 ) 2>/dev/null
-
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
 
 build() {
   if [ -f "$jar" ] && [ "$jar" -nt "$proj/pom.xml" ]; then return; fi
@@ -53,7 +53,7 @@ start() {
   exec 9>"$dir/start.lock"
   flock 9
   if running && ready; then echo "$url"; return; fi
-  if ! running && listening; then
+  if ! running && listening "$port"; then
     echo "infra/schema-registry.sh: 127.0.0.1:$port is in use by a process this script did not start (pid file $pidfile); stop it or set SCHEMA_REGISTRY_PORT" >&2
     exit 1
   fi
@@ -67,25 +67,13 @@ start() {
       -jar "$jar" >"$dir/logs/registry.log" 2>&1 9>&- &
     echo $! >"$pidfile"
   fi
-  for _ in $(seq 1 240); do
-    if ready; then echo "$url"; return; fi
-    running || { echo "infra/schema-registry.sh: the registry exited; see $dir/logs/registry.log" >&2; tail -20 "$dir/logs/registry.log" >&2; exit 1; }
-    sleep 0.5
-  done
-  echo "infra/schema-registry.sh: the registry did not answer on $url within 120s; see $dir/logs/registry.log" >&2
-  exit 1
+  wait_ready 120 "$dir/logs/registry.log" "answer on $url"
+  echo "$url"
 }
 
 case "${1:-start}" in
 start) start ;;
-stop)
-  if running; then
-    kill "$(cat "$pidfile")"
-    for _ in $(seq 1 60); do running || break; sleep 0.5; done
-    running && kill -9 "$(cat "$pidfile")"
-  fi
-  rm -f "$pidfile"
-  ;;
+stop) stop_process ;;
 status) if running && ready; then echo "running at $url"; else echo "not running"; exit 1; fi ;;
 url) echo "$url" ;;
 *) echo "usage: infra/schema-registry.sh [start|stop|status|url]" >&2; exit 2 ;;
