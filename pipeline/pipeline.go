@@ -243,7 +243,7 @@ type Runner struct {
 
 	mu       sync.Mutex
 	aborted  bool
-	killed   bool // Kill, not Abort: the consumer never leaves the group
+	killed   bool                // Kill, not Abort: the consumer never leaves the group
 	stopWait context.CancelFunc  // ends Run's wait for Postgres; nil before Run
 	consumer *processor.Consumer // set once Postgres is ready and migrated
 }

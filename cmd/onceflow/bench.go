@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -28,6 +29,12 @@ type benchOptions struct {
 	brokers          string
 	topic            string
 	stormEvery       time.Duration
+	stormChanges     int
+	protocols        []string
+	instanceID       bool
+	checkpoint       bool
+	cpuprofile       string
+	cpuprofileOf     string
 	pool             int
 	seed             uint64
 	keep             bool
@@ -50,7 +57,10 @@ stream through the pipeline run uses, in a consumer group of --members
 members, and measures unique events per second in each scenario:
 
   steady   the group keeps still
-  storm    a member joins and one leaves every --storm-every (every third a crash)
+  storm    --storm-changes membership changes, one every --storm-every: a member
+           joins, the oldest leaves, and every third change the oldest is
+           killed (as SIGKILL: its partitions wait for the session timeout)
+           and a replacement joins
   replay   half-way the group stops, and a group with no stored offsets reads
            the topic again from its start: what was applied must apply nothing
 
@@ -81,6 +91,17 @@ kafka.brokers (over kafka.tls and kafka.sasl), --brokers=HOST:PORT,...
 others; on them bench creates a topic of its own and deletes it at the end,
 never the config's topics.
 
+Each run also gives its committed batches' latency (p50, p99), this
+process's peak RSS, and the checkpoints Postgres began during it
+(--checkpoint runs CHECKPOINT before each run, so that runs writing the same
+WAL meet the server's checkpoints at the same places; the role needs
+pg_checkpoint); a storm, each change's recovery time and how long partitions
+waited with no owner. --group-protocol classic,consumer runs the scenarios
+under both, side by side; --instance-id makes the storm's members static
+(a kill becomes a restart under the same id, and the partitions that moved
+meanwhile are counted). --cpuprofile FILE profiles the steady run (or
+--cpuprofile-of's).
+
 Output: a progress line on stderr, the table on stdout, results.json and
 results.md in --out; --compare OLD/results.json prints the difference.`,
 		Args: cobra.NoArgs,
@@ -101,6 +122,15 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.Lookup("brokers").NoOptDefVal = brokersFromConfig
 	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
 	f.DurationVar(&o.stormEvery, "storm-every", 2*time.Second, "time between the storm's membership changes")
+	f.IntVar(&o.stormChanges, "storm-changes", 12, "membership changes a storm makes: joins, leaves, and every third a kill; "+
+		"a stream consumed before the last is said in the report (raise --events)")
+	f.StringSliceVar(&o.protocols, "group-protocol", nil, "the members' group protocol, overriding kafka.group_protocol: classic or consumer; "+
+		"classic,consumer runs the scenarios under each, side by side in one report")
+	f.BoolVar(&o.instanceID, "instance-id", false, "static storm members (instance ids onceflow-bench-member-N): a kill restarts the member under its id, "+
+		"and the partitions another member ran meanwhile are counted (kafka.instance_id is not used)")
+	f.BoolVar(&o.checkpoint, "checkpoint", false, "run CHECKPOINT before each run (the role needs pg_checkpoint), so that runs meet the server's checkpoints at the same places")
+	f.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during the first round's --cpuprofile-of run to this file (go tool pprof)")
+	f.StringVar(&o.cpuprofileOf, "cpuprofile-of", bench.Steady, "the run --cpuprofile profiles: steady, storm, replay, effects-only or raw-copy")
 	f.IntVar(&o.pool, "pool", 0, "Postgres connections of the benchmark, shared by the members and the baselines' writers (default postgres.pool_size)")
 	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads ({{now}} and the records' timestamps aside)")
 	f.BoolVar(&o.keep, "keep", false, "leave the runs' schemas for inspection")
@@ -115,7 +145,7 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 // bench's own.
 var benchBinds = slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool { return f.Name == "brokers" })
 
-func runBench(cmd *cobra.Command, o benchOptions) error {
+func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	var ps []error
 	switch {
 	case o.sample == "" && o.template == "":
@@ -126,7 +156,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"events", o.events}, {"partitions", o.partitions}, {"members", o.members}, {"rounds", o.rounds}} {
+	}{{"events", o.events}, {"partitions", o.partitions}, {"members", o.members}, {"rounds", o.rounds}, {"storm-changes", o.stormChanges}} {
 		if f.v < 1 {
 			ps = append(ps, fmt.Errorf("--%s %d: at least 1", f.name, f.v))
 		}
@@ -135,6 +165,19 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		if _, err := os.Stat(o.compare); err != nil {
 			ps = append(ps, fmt.Errorf("--compare: %w", err))
 		}
+	}
+	var protocols []processor.GroupProtocol
+	for _, p := range o.protocols {
+		gp := processor.GroupProtocol(strings.TrimSpace(p))
+		if gp != processor.ClassicProtocol && gp != processor.ConsumerProtocol {
+			ps = append(ps, fmt.Errorf("--group-protocol %q: %s, %s, or both", p, processor.ClassicProtocol, processor.ConsumerProtocol))
+			continue
+		}
+		if slices.Contains(protocols, gp) {
+			ps = append(ps, fmt.Errorf("--group-protocol: %s listed twice", gp))
+			continue
+		}
+		protocols = append(protocols, gp)
 	}
 	if err := errors.Join(ps...); err != nil {
 		return err
@@ -180,7 +223,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		fmt.Fprintf(cmd.ErrOrStderr(), "onceflow bench: handler %s does not consume %s: left out\n", s, topic)
 	}
 	cc := a.consumerTuning("onceflow-bench")
-	cc.KafkaOptions = nil
+	cc.KafkaOptions, cc.InstanceID = nil, "" // the members are bench's own: --instance-id
 	lru := a.cfg.Dedup.LRUSize
 	if lru == 0 {
 		lru = -1
@@ -190,12 +233,31 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size,
 		Brokers: brokers, Topic: topic, Payloads: payloads,
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
-		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, Seed: o.seed,
+		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
+		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
 		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
 	}
 	if len(brokers) > 0 {
 		cfg.KafkaOptions = a.kafkaSecurity
+	}
+	if o.cpuprofile != "" {
+		cfg.CPUProfile = io.Discard // for Validate: the file is made once the settings are good
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		cfg.CPUProfile = f
+		defer func() {
+			if cerr := f.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("--cpuprofile: %w", cerr))
+			}
+		}()
 	}
 	res, runErr := bench.Run(cmd.Context(), cfg)
 	if res == nil || len(res.Summary) == 0 {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -56,5 +57,60 @@ func TestBenchDemoConfigs(t *testing.T) {
 				t.Fatalf("%d bench schemas left", n)
 			}
 		})
+	}
+}
+
+// The flags behind the project's figures reach the report: --checkpoint,
+// --storm-changes, --group-protocol classic,consumer (the runs side by
+// side), --cpuprofile; bad values are refused, each named, before
+// anything runs.
+func TestBenchFigureFlags(t *testing.T) {
+	pool := sinktest.Pool(t)
+	prefix := freshSchema(t, pool, "test_benchflags_")
+	demo := filepath.Join("..", "..", "benchmarks", "demo.yaml")
+	sample := filepath.Join("..", "..", "benchmarks", "orders.jsonl")
+	var stderr bytes.Buffer
+	_, err := runCLI(t, &stderr, "bench", "--config", demo, "--sample", sample, "--dsn", sinktest.DSN(t),
+		"--group-protocol", "classic,eager", "--storm-changes", "0", "--bench-schema", prefix, "--out", t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), `--group-protocol "eager"`) || !strings.Contains(err.Error(), "--storm-changes 0") {
+		t.Fatalf("bad flags: %v, want both named", err)
+	}
+	out, prof := filepath.Join(t.TempDir(), "out"), filepath.Join(t.TempDir(), "cpu.prof")
+	_, err = runCLI(t, &stderr, "bench", "--config", demo, "--sample", sample, "--dsn", sinktest.DSN(t),
+		"--events", "3000", "--partitions", "4", "--members", "2", "--scenarios", "steady,storm", "--no-raw-copy",
+		"--storm-changes", "2", "--storm-every", "100ms", "--group-protocol", "classic,consumer", "--checkpoint",
+		"--cpuprofile", prof, "--bench-schema", prefix, "--out", out)
+	if err != nil {
+		t.Fatalf("bench: %v\nstderr:\n%s", err, stderr.String())
+	}
+	res, err := bench.ReadResults(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range res.Runs {
+		names = append(names, r.Name)
+		if !r.ExactlyOnce || !r.FromCheckpoint {
+			t.Errorf("%s: exactly once %v, from a checkpoint %v", r.Name, r.ExactlyOnce, r.FromCheckpoint)
+		}
+		if r.Scenario == bench.Storm && r.StormPlanned != 2 {
+			t.Errorf("%s: %d changes planned, want 2", r.Name, r.StormPlanned)
+		}
+	}
+	if got, want := strings.Join(names, ","), "effects-only,steady-classic,storm-classic,steady-consumer,storm-consumer"; got != want {
+		t.Errorf("runs %s, want %s", got, want)
+	}
+	if len(res.Protocols) != 2 || res.Protocols[0].Protocol != "classic" || res.Protocols[1].Protocol != "consumer" {
+		t.Errorf("protocols %+v, want classic and consumer side by side", res.Protocols)
+	}
+	if !res.HasPrice {
+		t.Errorf("no price of exactly-once (of steady-classic)")
+	}
+	if st, err := os.Stat(prof); err != nil || st.Size() == 0 {
+		t.Errorf("--cpuprofile: %v", err)
+	}
+	md, _ := os.ReadFile(filepath.Join(out, "results.md"))
+	if !strings.Contains(string(md), "### Group protocols side by side") {
+		t.Errorf("results.md lacks the protocols' table:\n%s", md)
 	}
 }
