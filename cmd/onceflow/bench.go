@@ -268,7 +268,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if err := res.WriteTable(out); err != nil {
 		return err
 	}
-	if err := res.WriteFiles(o.out, "onceflow "+strings.Join(os.Args[1:], " ")); err != nil {
+	if err := res.WriteFiles(o.out, benchCommandLine(os.Args[1:])); err != nil {
 		return errors.Join(runErr, fmt.Errorf("--out: %w", err))
 	}
 	fmt.Fprintf(out, "results: %s/results.json, %s/results.md\n", o.out, o.out)
@@ -341,4 +341,19 @@ func keptSchemas(res *bench.Results) string {
 		s = append(s, r.Schema)
 	}
 	return strings.Join(s, ", ")
+}
+
+// benchCommandLine is the command line results.md quotes, the password
+// of --dsn masked (config.RedactDSN).
+func benchCommandLine(args []string) string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		switch {
+		case a == "--dsn" && i+1 < len(out):
+			out[i+1] = config.RedactDSN(out[i+1])
+		case strings.HasPrefix(a, "--dsn="):
+			out[i] = "--dsn=" + config.RedactDSN(strings.TrimPrefix(a, "--dsn="))
+		}
+	}
+	return "onceflow " + strings.Join(out, " ")
 }

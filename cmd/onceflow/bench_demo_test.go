@@ -114,3 +114,16 @@ func TestBenchFigureFlags(t *testing.T) {
 		t.Errorf("results.md lacks the protocols' table:\n%s", md)
 	}
 }
+
+// results.md quotes the command line: a password in --dsn is not in it.
+func TestBenchCommandLineRedactsDSN(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "--config", "c.yaml", "--dsn", "postgres://u:s3cret@db:5432/x", "--events", "10"},
+		{"bench", "--dsn=postgres://u:s3cret@db:5432/x"},
+	} {
+		got := benchCommandLine(args)
+		if strings.Contains(got, "s3cret") || !strings.Contains(got, "db:5432") || !strings.HasPrefix(got, "onceflow bench") {
+			t.Errorf("command line %q: want the DSN without its password", got)
+		}
+	}
+}
