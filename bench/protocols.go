@@ -152,9 +152,9 @@ func orDash(s string) string {
 	return s
 }
 
-// build is the onceflow module's version and VCS revision this binary
-// was built from ("+dirty" for a modified tree), "" when unknown (go
-// test binaries carry no VCS stamp).
+// build is the VCS revision this binary was built from ("+dirty" for a
+// modified tree), else the onceflow module's version; "" when neither is
+// known (a build with -buildvcs=false from a checkout, a test binary).
 func build() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -172,7 +172,10 @@ func build() string {
 		}
 	}
 	if rev == "" {
-		return bi.Main.Version
+		if v := bi.Main.Version; v != "(devel)" {
+			return v
+		}
+		return ""
 	}
 	return rev[:min(len(rev), 12)] + dirty
 }

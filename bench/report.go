@@ -84,8 +84,15 @@ func (res *Results) WriteFiles(dir, command string) error {
 		st.Payloads, st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	if st.StormChanges > 0 {
-		fmt.Fprintf(&md, "Storm: %d membership changes, one every %gs (a join, a leave, and every third a kill and a replacement%s). ",
-			st.StormChanges, st.StormEvery, map[bool]string{true: "; static members, whose kill is a restart under the same instance id", false: ""}[st.InstanceID])
+		pace := "spread over the stream"
+		if st.StormEvery > 0 {
+			pace = fmt.Sprintf("one every %gs", st.StormEvery)
+		}
+		static := ""
+		if st.InstanceID {
+			static = "; static members, whose kill is a restart under the same instance id"
+		}
+		fmt.Fprintf(&md, "Storm: %d membership changes, %s (a join, a leave, and every third a kill and a replacement%s). ", st.StormChanges, pace, static)
 	}
 	if len(st.GroupProtocols) > 0 {
 		fmt.Fprintf(&md, "Group protocol: %s. ", strings.Join(st.GroupProtocols, ", "))
@@ -259,6 +266,11 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("pool", a.PoolSize, b.PoolSize)
 	add("kafka", a.Kafka, b.Kafka)
 	add("handlers", a.Handlers, b.Handlers)
+	add("storm_changes", a.StormChanges, b.StormChanges)
+	add("storm_every_s", a.StormEvery, b.StormEvery)
+	add("group_protocols", a.GroupProtocols, b.GroupProtocols)
+	add("instance_id", a.InstanceID, b.InstanceID)
+	add("checkpoint", a.Checkpoint, b.Checkpoint)
 	if len(diff) > 0 {
 		fmt.Fprintf(w, "settings that differ: %s\n", strings.Join(diff, ", "))
 	}

@@ -75,18 +75,19 @@ type Config struct {
 	Members    int       // group members at once; default 3
 	Scenarios  []string  // of Steady, Storm, Replay; default all three
 	Rounds     int       // each run this many times, the median reported; default 1
-	// StormChanges is how many membership changes a storm makes, one
-	// every StormEvery (a change due while another runs starts when that
-	// one returns), from the group's first commit on: a member joins, the
-	// oldest leaves, and every third change kills the oldest (as a
-	// SIGKILL would: it never leaves the group, and its partitions wait
-	// for the session timeout) and starts a replacement. A storm is its
-	// changes, not its events: when the stream is consumed before the
-	// last change, the run says so (RunResult.StormShort): raise Events.
+	// StormChanges is how many membership changes a storm makes: a
+	// member joins, the oldest leaves, and every third change kills the
+	// oldest (as a SIGKILL would: it never leaves the group, and its
+	// partitions wait for the session timeout) and starts a replacement.
+	// A storm is its changes, not its events: with StormEvery 0 they are
+	// spread over the stream, change k once k/(StormChanges+1) of its
+	// records are committed, so that every one is made whatever the rate.
 	// Default 12.
 	StormChanges int
-	// StormEvery is the time between a storm's membership changes;
-	// default 2s.
+	// StormEvery, when set, paces the storm by time instead: a change
+	// every StormEvery from the group's first commit on (a change due
+	// while another runs starts when that one returns); a stream
+	// consumed before the last change is said (RunResult.StormShort).
 	StormEvery time.Duration
 	// GroupProtocols: the scenarios run under each of these group
 	// protocols in turn, round by round, side by side in one Results
@@ -142,9 +143,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Rounds == 0 {
 		c.Rounds = 1
-	}
-	if c.StormEvery == 0 {
-		c.StormEvery = 2 * time.Second
 	}
 	if c.StormChanges == 0 {
 		c.StormChanges = 12

@@ -278,15 +278,40 @@ func stormChange(ctx context.Context, g *members.Group, n int, static bool, own 
 	return c, err
 }
 
+// stormWait waits for a storm's next change: t's next tick when the
+// storm is paced by time (t not nil), else until committed reaches at.
+// It returns false when stop is closed first.
+func (b *benchRun) stormWait(t *time.Ticker, committed *atomic.Int64, at int64, stop <-chan struct{}) bool {
+	if t != nil {
+		select {
+		case <-stop:
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for committed.Load() < at {
+		select {
+		case <-stop:
+			return false
+		case <-poll.C:
+		}
+	}
+	return true
+}
+
 // consume runs a group of Config.Members members over g.schema until
 // they have committed g.want records (the group's stored offsets),
 // sampling into g.r.Series, and returns the records committed and when
 // the batch that completed them committed. With g.storm the group's
-// membership changes (stormChange) once the first record is committed
-// and then every StormEvery, StormChanges times at most, appended to
-// g.r.Changes; the run has at least one change (one that would come
-// after the last record is waited for), and g.r.StormShort says when the
-// stream was consumed before the last. Every member is stopped, and the
+// membership changes (stormChange) once the first record is committed,
+// then as Config.StormEvery says (spread over the stream, or by time),
+// StormChanges times at most, appended to g.r.Changes; the run has at
+// least one change (one that would come after the last record is waited
+// for), and g.r.StormShort says when the stream was consumed before the
+// last. Every member is stopped, and the
 // storm's goroutine has returned, when consume returns. It returns with
 // an error when ctx ends or nothing is committed for stallAfter.
 func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, error) {
@@ -309,19 +334,33 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 	stopStorm := make(chan struct{})
 	stormDone := make(chan error, 1)
 	var churning atomic.Bool
-	var made atomic.Int64 // changes made
+	var made atomic.Int64      // changes made
+	var committed atomic.Int64 // records committed at the latest sample
 	if g.storm {
 		r.StormPlanned = b.cfg.StormChanges
 		go func() {
-			select {
-			case <-first:
-			case <-stopStorm:
-				stormDone <- nil
-				return
-			}
-			t := time.NewTicker(b.cfg.StormEvery)
-			defer t.Stop()
+			var t *time.Ticker
 			for n := 1; ; n++ {
+				// The first change waits for the first commit; then a
+				// tick of StormEvery, or the stream's share.
+				if n == 1 || t == nil {
+					select {
+					case <-first:
+					case <-stopStorm:
+						stormDone <- nil
+						return
+					}
+				}
+				if n == 1 && b.cfg.StormEvery > 0 {
+					t = time.NewTicker(b.cfg.StormEvery)
+					defer t.Stop()
+				}
+				if n > 1 || t == nil {
+					if !b.stormWait(t, &committed, max(1, int64(n)*g.want/int64(b.cfg.StormChanges+1)), stopStorm) {
+						stormDone <- nil
+						return
+					}
+				}
 				at := time.Since(g.start).Seconds()
 				churning.Store(true)
 				c, err := stormChange(ctx, grp, n, g.static, g.own, g.prefix)
@@ -339,12 +378,6 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 					<-stopStorm
 					stormDone <- nil
 					return
-				}
-				select {
-				case <-stopStorm:
-					stormDone <- nil
-					return
-				case <-t.C:
 				}
 			}
 		}()
@@ -376,6 +409,7 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 		if err != nil {
 			return 0, time.Time{}, err
 		}
+		committed.Store(n)
 		if n > 0 {
 			firstOnce.Do(func() { close(first) })
 		}

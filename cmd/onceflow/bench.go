@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
@@ -57,10 +58,10 @@ stream through the pipeline run uses, in a consumer group of --members
 members, and measures unique events per second in each scenario:
 
   steady   the group keeps still
-  storm    --storm-changes membership changes, one every --storm-every: a member
-           joins, the oldest leaves, and every third change the oldest is
-           killed (as SIGKILL: its partitions wait for the session timeout)
-           and a replacement joins
+  storm    --storm-changes membership changes, spread over the stream (or one
+           every --storm-every): a member joins, the oldest leaves, and every
+           third change the oldest is killed (as SIGKILL: its partitions wait
+           for the session timeout) and a replacement joins
   replay   half-way the group stops, and a group with no stored offsets reads
            the topic again from its start: what was applied must apply nothing
 
@@ -121,9 +122,9 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.StringVar(&o.brokers, "brokers", "", "a real Kafka: alone, the config's kafka.brokers; =HOST:PORT,... others (default: embedded kfake)")
 	f.Lookup("brokers").NoOptDefVal = brokersFromConfig
 	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
-	f.DurationVar(&o.stormEvery, "storm-every", 2*time.Second, "time between the storm's membership changes")
-	f.IntVar(&o.stormChanges, "storm-changes", 12, "membership changes a storm makes: joins, leaves, and every third a kill; "+
-		"a stream consumed before the last is said in the report (raise --events)")
+	f.DurationVar(&o.stormEvery, "storm-every", 0, "pace the storm by time: a change every this long (a stream consumed before the last change is said in the report); "+
+		"0: the changes spread evenly over the stream")
+	f.IntVar(&o.stormChanges, "storm-changes", 12, "membership changes a storm makes: joins, leaves, and every third a kill")
 	f.StringSliceVar(&o.protocols, "group-protocol", nil, "the members' group protocol, overriding kafka.group_protocol: classic or consumer; "+
 		"classic,consumer runs the scenarios under each, side by side in one report")
 	f.BoolVar(&o.instanceID, "instance-id", false, "static storm members (instance ids onceflow-bench-member-N): a kill restarts the member under its id, "+
@@ -263,6 +264,9 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if res == nil || len(res.Summary) == 0 {
 		return runErr
 	}
+	if res.Settings.Build == "" {
+		res.Settings.Build = checkoutBuild()
+	}
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out)
 	if err := res.WriteTable(out); err != nil {
@@ -356,4 +360,22 @@ func benchCommandLine(args []string) string {
 		}
 	}
 	return "onceflow " + strings.Join(out, " ")
+}
+
+// checkoutBuild names the code of a binary built without VCS stamps
+// (-buildvcs=false) from the git checkout it runs in: the commit, "+dirty"
+// when files other than benchmark results differ from it; "" outside a
+// checkout.
+func checkoutBuild() string {
+	out, err := exec.Command("git", "rev-parse", "--short=7", "HEAD").Output()
+	s := strings.TrimSpace(string(out))
+	if err != nil || s == "" {
+		return ""
+	}
+	st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--",
+		":(top)", ":(top,exclude)benchmarks/results*", ":(top,exclude)benchmarks/out").Output()
+	if err != nil || len(strings.TrimSpace(string(st))) > 0 {
+		s += "+dirty"
+	}
+	return s + " (this checkout)"
 }
