@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake check-rules lint fuzz bench bench-full bench-protocols bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
+.PHONY: help build demo test test-kfake check-rules lint fuzz bench bench-full bench-formats bench-protocols bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -44,6 +44,10 @@ bench-full: up-postgres up-kafka build ## the README's figures: onceflow bench o
 	$(BENCH) --config benchmarks/demo.yaml --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo $(ARGS)
 	$(BENCH) --config benchmarks/demo.yaml --brokers=$$(infra/kafka.sh brokers) --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-kafka $(ARGS)
 	$(BENCH) --config benchmarks/demo-4handlers.yaml --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-4handlers $(ARGS)
+
+bench-formats: up-postgres up-schema-registry build ## Avro and Protobuf against JSON (the seed's orders framed for the schema registry), steady, five rounds: benchmarks/results/demo-formats
+	$(BENCH) --config benchmarks/demo.yaml --formats avro,protobuf --schema-registry $$(infra/schema-registry.sh url) --avro-schema benchmarks/order.avsc --protobuf-schema benchmarks/order.proto \
+		--scenarios steady --no-raw-copy --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-formats $(ARGS)
 
 bench-protocols: up-postgres up-kafka build ## the group protocols side by side on Kafka (classic, consumer; static members), three rounds: benchmarks/results/demo-protocols
 	$(BENCH) --config benchmarks/demo.yaml --brokers=$$(infra/kafka.sh brokers) --group-protocol classic,consumer --instance-id \

@@ -26,6 +26,7 @@ type RunResult struct {
 	// storm, replay) and its members' group protocol.
 	Scenario      string `json:"scenario,omitempty"`
 	GroupProtocol string `json:"group_protocol,omitempty"`
+	Format        string `json:"format,omitempty"` // a scenario run's payload format, when not JSON (Config.Formats)
 	// Events are the unique events applied; Records the records read
 	// (with the redeliveries, and for replay the half read twice).
 	Events       int     `json:"events"`
@@ -114,6 +115,9 @@ type Results struct {
 	// Protocols compares the group protocols the scenarios ran under,
 	// when there were several or with Config.InstanceID.
 	Protocols []ProtocolSummary `json:"protocols,omitempty"`
+	// Formats compares each scenario in each of Config.Formats with its
+	// JSON runs (the summary's medians).
+	Formats []FormatRatio `json:"formats,omitempty"`
 }
 
 // Settings are what a run measured, for the report and for comparing.
@@ -136,6 +140,7 @@ type Settings struct {
 	StormChanges   int      `json:"storm_changes,omitempty"`
 	StormEvery     float64  `json:"storm_every_s,omitempty"`
 	GroupProtocols []string `json:"group_protocols,omitempty"`
+	Formats        []string `json:"formats,omitempty"` // besides JSON
 	InstanceID     bool     `json:"instance_id,omitempty"`
 	Checkpoint     bool     `json:"checkpoint,omitempty"`
 	// Build is the onceflow module's version and VCS revision, as the
@@ -166,7 +171,8 @@ type benchRun struct {
 	mu    sync.Mutex
 	// noCheckpoint: CHECKPOINT was refused once (said then).
 	noCheckpoint bool
-	profiled     bool // the CPU profile was taken
+	profiled     bool           // the CPU profile was taken
+	formats      []*formatTopic // Config.Formats' streams
 }
 
 // Run benchmarks cfg's handlers (see the package doc): it generates the
@@ -246,6 +252,22 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	b.recs.produced()
 	fmt.Fprintf(cfg.Progress, "  produced %d records in %.1fs\n", len(b.recs.recs), time.Since(t0).Seconds())
+	if len(cfg.Formats) > 0 {
+		t0 = time.Now()
+		b.formats, err = b.openFormats(ctx)
+		defer func() {
+			for _, f := range b.formats {
+				err = errors.Join(err, f.k.close(context.WithoutCancel(ctx)))
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range cfg.Formats {
+			res.Settings.Formats = append(res.Settings.Formats, string(f.Name))
+		}
+		fmt.Fprintf(cfg.Progress, "  produced them again in %v in %.1fs\n", res.Settings.Formats, time.Since(t0).Seconds())
+	}
 
 	var failed []string
 	for round := 1; round <= cfg.Rounds; round++ {
@@ -256,6 +278,11 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		for _, p := range cfg.GroupProtocols {
 			for _, sc := range cfg.Scenarios {
 				specs = append(specs, runSpec{name: runName(sc, p, cfg.GroupProtocols), scenario: sc, protocol: p})
+			}
+		}
+		for _, f := range b.formats {
+			for _, sc := range cfg.Scenarios {
+				specs = append(specs, runSpec{name: sc + "-" + string(f.f.Name), scenario: sc, protocol: cfg.GroupProtocols[0], format: f})
 			}
 		}
 		for _, sp := range specs {
@@ -273,6 +300,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if len(cfg.GroupProtocols) > 1 || cfg.InstanceID {
 		res.Protocols = summarizeProtocols(res, cfg.GroupProtocols)
 	}
+	if len(cfg.Formats) > 0 {
+		res.Formats = formatRatios(res, cfg.Scenarios, cfg.Formats)
+	}
 	if len(failed) > 0 {
 		return res, fmt.Errorf("bench: not exactly once:\n  %s", joinLines(failed))
 	}
@@ -285,6 +315,7 @@ type runSpec struct {
 	name     string // the run's: the scenario's, suffixed with the protocol when there are several
 	scenario string // or the baseline's name
 	protocol processor.GroupProtocol
+	format   *formatTopic // nil: JSON, the stream of b.kafka
 }
 
 // runName is scenario's run under protocol: the scenario's name alone
@@ -317,6 +348,11 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	r := &RunResult{Name: n, Round: round, Schema: schema, Events: len(b.recs.events), Records: len(b.recs.recs)}
 	if spec.protocol != "" {
 		r.Scenario, r.GroupProtocol = spec.scenario, string(spec.protocol)
+	}
+	kafka, format := b.kafka, (*Format)(nil)
+	if spec.format != nil {
+		kafka, format = spec.format.k, &spec.format.f
+		r.Format = string(format.Name)
 	}
 	label := fmt.Sprintf("%s (round %d)", n, round)
 	cps, err := b.fromCheckpoint(ctx, r)
@@ -358,7 +394,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		own := newOwners()
 		stopWatch := own.watch()
 		_, end, err := b.consume(ctx, &groupRun{pool: pool, schema: schema, group: fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id),
-			protocol: spec.protocol, want: int64(len(b.recs.recs)), start: start, label: label, storm: spec.scenario == Storm,
+			protocol: spec.protocol, kafka: kafka, format: format, want: int64(len(b.recs.recs)), start: start, label: label, storm: spec.scenario == Storm,
 			static: spec.scenario == Storm && b.cfg.InstanceID, r: r, st: &st, own: own})
 		r.NoOwner = stopWatch()
 		if err != nil {
@@ -376,7 +412,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		own := newOwners()
 		stopWatch := own.watch()
 		g := &groupRun{pool: pool, schema: schema, group: fmt.Sprintf("onceflow-bench-%s-r%d-%s-1", schemaWord(n), round, b.id),
-			protocol: spec.protocol, want: int64(len(b.recs.recs) / 2), start: start, label: label + " first half", r: r, st: &st, own: own}
+			protocol: spec.protocol, kafka: kafka, format: format, want: int64(len(b.recs.recs) / 2), start: start, label: label + " first half", r: r, st: &st, own: own}
 		half, _, err := b.consume(ctx, g)
 		if err != nil {
 			r.NoOwner = stopWatch()

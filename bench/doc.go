@@ -31,6 +31,8 @@
 //     recovery time and the partitions' waits with no owner; the
 //     scenarios under several group protocols side by side
 //     ([Config.GroupProtocols]) and static members ([Config.InstanceID]);
+//     the scenarios again with the payloads in Avro or Protobuf, framed
+//     for a schema registry ([Config.Formats]);
 //     a CPU profile of one run ([Config.CPUProfile]);
 //   - the report ([Results]): a table, results.json and results.md, and
 //     the difference with an earlier results.json ([Compare]).

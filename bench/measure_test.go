@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -187,5 +190,60 @@ func TestRunStaticStorm(t *testing.T) {
 	}
 	if len(res.Protocols) != 1 || res.Protocols[0].StaticMoved == nil {
 		t.Errorf("protocols %+v, want the static restarts summarized", res.Protocols)
+	}
+}
+
+// With Formats the scenarios run again in Avro, framed for a schema
+// registry and read back through it: exactly once, the same tables as
+// JSON's, and the report compares the two.
+func TestRunFormats(t *testing.T) {
+	up, us, _ := userDB(t)
+	tm, err := ParseTemplate([]byte(paymentTemplate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := srfake.New()
+	defer fake.Close()
+	rc := registry.Config{URL: fake.URL()}
+	enc, err := registry.NewEncoder(t.Context(), rc, "payments-value", registry.Source{Kind: registry.Avro,
+		Text: `{"type":"record","name":"Payment","fields":[{"name":"account","type":"string"},{"name":"amount","type":"string"},{"name":"currency","type":"string"}]}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := registry.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	res, err := Run(t.Context(), Config{
+		Pool: up,
+		Handlers: func(string) ([]sink.Handler, error) {
+			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
+		},
+		Topic: "payments", Payloads: FromTemplate(tm),
+		Events: 500, Partitions: 3, Members: 2, Scenarios: []string{Steady}, NoRawCopy: true,
+		Formats: []Format{{Name: processor.FormatAvro, Encoder: enc, Decoder: dec}},
+		Schema:  us + "_b", Progress: &progress,
+	})
+	t.Log(progress.String())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	var names []string
+	for _, r := range res.Runs {
+		names = append(names, r.Name)
+	}
+	if got, want := strings.Join(names, ","), "effects-only,steady,steady-avro"; got != want {
+		t.Fatalf("runs %s, want %s", got, want)
+	}
+	if r := res.Runs[2]; !r.ExactlyOnce || r.Format != "avro" || r.Consumer.Applied != 500 {
+		t.Errorf("steady-avro: exactly once %v, format %q, %d applied: %v", r.ExactlyOnce, r.Format, r.Consumer.Applied, r.Problems)
+	}
+	if len(res.Formats) != 1 || res.Formats[0].Ratio <= 0 || res.Formats[0].Format != "avro" {
+		t.Errorf("format ratios %+v", res.Formats)
+	}
+	if err := (Config{Topic: "t", Brokers: []string{"b:9092"}, Formats: []Format{{Name: "xml"}}}).Validate(); err == nil ||
+		!strings.Contains(err.Error(), `format "xml": avro or protobuf`) || !strings.Contains(err.Error(), "Formats with Brokers") {
+		t.Errorf("bad formats: %v", err)
 	}
 }

@@ -61,7 +61,7 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 		runs := func(sc string) []RunResult {
 			var rs []RunResult
 			for _, r := range res.Runs {
-				if r.Scenario == sc && r.GroupProtocol == string(p) {
+				if r.Scenario == sc && r.GroupProtocol == string(p) && r.Format == "" {
 					rs = append(rs, r)
 				}
 			}

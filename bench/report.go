@@ -97,6 +97,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 	if len(st.GroupProtocols) > 0 {
 		fmt.Fprintf(&md, "Group protocol: %s. ", strings.Join(st.GroupProtocols, ", "))
 	}
+	if len(st.Formats) > 0 {
+		fmt.Fprintf(&md, "Payload formats besides JSON: %s. ", strings.Join(st.Formats, ", "))
+	}
 	if st.Build != "" {
 		fmt.Fprintf(&md, "Build: %s.", st.Build)
 	}
@@ -133,6 +136,14 @@ func (res *Results) WriteFiles(dir, command string) error {
 	}
 	md.WriteString(". Peak RSS: this process's (VmHWM), the members', the writers' and the generated stream's.\n")
 	writeProtocols(&md, res.Protocols)
+	if len(res.Formats) > 0 {
+		md.WriteString("\n### Payload formats against JSON\n\n| scenario | format | events/s | JSON events/s | × JSON |\n|---|---|---:|---:|---:|\n")
+		for _, f := range res.Formats {
+			fmt.Fprintf(&md, "| %s | %s | %.0f | %.0f | %s |\n", f.Scenario, f.Format, f.Rate, f.JSONRate, ratio(f.Ratio))
+		}
+		md.WriteString("\nEach format's records are the JSON ones encoded for a schema registry before the runs, on an embedded cluster of their own, " +
+			"and read by the members through the registry back into JSON; medians of the rounds, each format's runs after JSON's in every round.\n")
+	}
 	var scen []RunResult
 	for _, r := range res.Runs {
 		if r.Consumer != nil {
@@ -271,6 +282,7 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("group_protocols", a.GroupProtocols, b.GroupProtocols)
 	add("instance_id", a.InstanceID, b.InstanceID)
 	add("checkpoint", a.Checkpoint, b.Checkpoint)
+	add("formats", a.Formats, b.Formats)
 	if len(diff) > 0 {
 		fmt.Fprintf(w, "settings that differ: %s\n", strings.Join(diff, ", "))
 	}

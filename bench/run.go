@@ -101,6 +101,13 @@ type Config struct {
 	// member ran before the restart took them back (RunResult.StaticMoved:
 	// 0 is static membership working). Consumer.InstanceID is not used.
 	InstanceID bool
+	// Formats: besides JSON, the scenarios run again with the payloads in
+	// each of these formats (avro, protobuf), after JSON's runs in every
+	// round, named steady-avro, storm-protobuf...; the baselines stay
+	// JSON. Results.Formats compares each with JSON's runs. Each format's
+	// stream is on an embedded cluster of its own (not with Brokers, nor
+	// with several GroupProtocols); Consumer.Decode.Format must be json.
+	Formats []Format
 	// Checkpoint runs CHECKPOINT before each run (baselines included), so
 	// that runs writing the same WAL meet the server's checkpoints at the
 	// same places; a role that may not (it needs pg_checkpoint or
@@ -223,6 +230,27 @@ func (c Config) Validate() error {
 		// a storm whose static member left never ends. Kafka expires it.
 		bad("InstanceID with the consumer group protocol needs a real Kafka (Brokers): " +
 			"the embedded kfake never expires a static member that left, and the storm would wait for its partitions forever")
+	}
+	for i, f := range c.Formats {
+		switch {
+		case f.Name != processor.FormatAvro && f.Name != processor.FormatProtobuf:
+			bad("format %q: avro or protobuf (JSON's runs are always made)", f.Name)
+		case f.Encoder == nil || f.Decoder == nil:
+			bad("format %s: an Encoder and a Decoder are required", f.Name)
+		case slices.ContainsFunc(c.Formats[:i], func(g Format) bool { return g.Name == f.Name }):
+			bad("format %s listed twice", f.Name)
+		}
+	}
+	if len(c.Formats) > 0 {
+		if len(c.Brokers) > 0 {
+			bad("Formats with Brokers: the formats' streams run on the embedded kfake only")
+		}
+		if len(c.GroupProtocols) > 1 {
+			bad("Formats with several GroupProtocols: compare formats under one protocol, or protocols in one format")
+		}
+		if d := c.Consumer.Decode.Format; d != "" && d != processor.FormatJSON {
+			bad("Formats with decode.format %s: the formats are compared with JSON's runs", d)
+		}
 	}
 	if of := c.CPUProfileOf; c.CPUProfile != nil && !slices.Contains([]string{Steady, Storm, Replay, EffectsOnly, RawCopy}, of) {
 		bad("CPUProfileOf %q: a scenario (steady, storm, replay) or a baseline (effects-only, raw-copy)", of)

@@ -156,8 +156,10 @@ type groupRun struct {
 	schema   string
 	group    string
 	protocol processor.GroupProtocol
-	want     int64     // records committed that end it
-	start    time.Time // the run's
+	kafka    *kafkaTopic // the stream: JSON's, or format's
+	format   *Format     // nil: JSON
+	want     int64       // records committed that end it
+	start    time.Time   // the run's
 	label    string
 	storm    bool
 	static   bool   // members with instance ids (storm, Config.InstanceID)
@@ -180,7 +182,10 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 		if g.static {
 			cc.InstanceID = "onceflow-bench-" + name
 		}
-		cc.KafkaOptions = append(cc.KafkaOptions, b.kafka.opts...)
+		cc.KafkaOptions = append(cc.KafkaOptions, g.kafka.opts...)
+		if g.format != nil {
+			cc.Decode.Format, cc.Decode.Registry = g.format.Name, g.format.Decoder
+		}
 		next := cc.OnBatch
 		cc.OnBatch = func(bi processor.BatchInfo) {
 			g.st.applied.Add(int64(bi.Result.Applied))
@@ -194,7 +199,7 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 				next(bi)
 			}
 		}
-		p, err := pipeline.New(pipeline.Config{Brokers: b.kafka.brokers, Topics: []string{b.kafka.topic}, Group: g.group,
+		p, err := pipeline.New(pipeline.Config{Brokers: g.kafka.brokers, Topics: []string{g.kafka.topic}, Group: g.group,
 			Pool: g.pool, Schema: g.schema, Handlers: hs, LRUSize: b.cfg.LRUSize,
 			Logger: b.cfg.Logger.With("member", name), Consumer: cc, Writer: b.cfg.Writer})
 		if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,10 +13,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/onceflow/onceflow/bench"
 	"github.com/onceflow/onceflow/internal/config"
 	"github.com/onceflow/onceflow/processor"
+	schemaregistry "github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -36,6 +39,10 @@ type benchOptions struct {
 	checkpoint       bool
 	cpuprofile       string
 	cpuprofileOf     string
+	formats          []string
+	avroSchema       string
+	protobufSchema   string
+	schemaRegistry   string
 	pool             int
 	seed             uint64
 	keep             bool
@@ -129,6 +136,11 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 		"classic,consumer runs the scenarios under each, side by side in one report")
 	f.BoolVar(&o.instanceID, "instance-id", false, "static storm members (instance ids onceflow-bench-member-N): a kill restarts the member under its id, "+
 		"and the partitions another member ran meanwhile are counted (kafka.instance_id is not used)")
+	f.StringSliceVar(&o.formats, "formats", nil, "besides JSON, run the scenarios with the payloads in these formats too (avro, protobuf), "+
+		"encoded with --avro-schema or --protobuf-schema for --schema-registry (or a registry in this process); on the embedded Kafka")
+	f.StringVar(&o.schemaRegistry, "schema-registry", "", "with --formats: the schema registry's URL (its other settings from decode.schema_registry); empty: one in this process")
+	f.StringVar(&o.avroSchema, "avro-schema", "", "with --formats avro: the payloads' Avro schema (.avsc)")
+	f.StringVar(&o.protobufSchema, "protobuf-schema", "", "with --formats protobuf: the payloads' .proto file (its first message)")
 	f.BoolVar(&o.checkpoint, "checkpoint", false, "run CHECKPOINT before each run (the role needs pg_checkpoint), so that runs meet the server's checkpoints at the same places")
 	f.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during the first round's --cpuprofile-of run to this file (go tool pprof)")
 	f.StringVar(&o.cpuprofileOf, "cpuprofile-of", bench.Steady, "the run --cpuprofile profiles: steady, storm, replay, effects-only or raw-copy")
@@ -179,6 +191,24 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			continue
 		}
 		protocols = append(protocols, gp)
+	}
+	var formats []processor.Format
+	for _, f := range o.formats {
+		switch pf := processor.Format(strings.TrimSpace(f)); {
+		case pf == processor.FormatJSON: // always run
+		case pf != processor.FormatAvro && pf != processor.FormatProtobuf:
+			ps = append(ps, fmt.Errorf("--formats %q: avro, protobuf (json always runs)", f))
+		case slices.Contains(formats, pf):
+			ps = append(ps, fmt.Errorf("--formats: %s listed twice", pf))
+		default:
+			formats = append(formats, pf)
+		}
+	}
+	if slices.Contains(formats, processor.FormatAvro) != (o.avroSchema != "") {
+		ps = append(ps, errors.New("--formats avro and --avro-schema go together"))
+	}
+	if slices.Contains(formats, processor.FormatProtobuf) != (o.protobufSchema != "") {
+		ps = append(ps, errors.New("--formats protobuf and --protobuf-schema go together"))
 	}
 	if err := errors.Join(ps...); err != nil {
 		return err
@@ -241,6 +271,14 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	if len(brokers) > 0 {
 		cfg.KafkaOptions = a.kafkaSecurity
+	}
+	if len(formats) > 0 {
+		fs, stop, err := benchFormats(cmd.Context(), a.cfg.Decode, o.schemaRegistry, topic, formats, o.avroSchema, o.protobufSchema)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		cfg.Formats = fs
 	}
 	if o.cpuprofile != "" {
 		cfg.CPUProfile = io.Discard // for Validate: the file is made once the settings are good
@@ -378,4 +416,50 @@ func checkoutBuild() string {
 		s += "+dirty"
 	}
 	return s + " (this checkout)"
+}
+
+// benchFormats makes bench's formats: for each, an encoder that
+// registers the schema file under <topic>-bench-<format>-value, and a
+// decoder, at the registry url (with decode.schema_registry's other
+// settings: credentials, TLS), or, when url is empty, at a registry in
+// this process (franz-go's srfake), which stop closes.
+func benchFormats(ctx context.Context, d config.Decode, url, topic string, formats []processor.Format, avroFile, protoFile string) (_ []bench.Format, stop func(), err error) {
+	stop = func() {}
+	rc := schemaregistry.Config{}
+	if url != "" {
+		if rc, err = d.RegistryConfig(); err != nil {
+			return nil, stop, err
+		}
+		rc.URL = url
+	} else {
+		fake := srfake.New()
+		stop, rc.URL = fake.Close, fake.URL()
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	dec, err := schemaregistry.New(rc)
+	if err != nil {
+		return nil, stop, fmt.Errorf("decode.schema_registry: %w", err)
+	}
+	var out []bench.Format
+	for _, f := range formats {
+		src, flag := schemaregistry.Source{Kind: schemaregistry.Avro, Path: avroFile}, "--avro-schema"
+		if f == processor.FormatProtobuf {
+			src, flag = schemaregistry.Source{Kind: schemaregistry.Protobuf, Path: protoFile}, "--protobuf-schema"
+		}
+		b, err := os.ReadFile(src.Path)
+		if err != nil {
+			return nil, stop, fmt.Errorf("%s: %w", flag, err)
+		}
+		src.Text = string(b)
+		enc, err := schemaregistry.NewEncoder(ctx, rc, topic+"-bench-"+string(f)+"-value", src)
+		if err != nil {
+			return nil, stop, fmt.Errorf("%s: %w", flag, err)
+		}
+		out = append(out, bench.Format{Name: f, Encoder: enc, Decoder: dec})
+	}
+	return out, stop, nil
 }

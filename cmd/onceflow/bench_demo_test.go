@@ -127,3 +127,44 @@ func TestBenchCommandLineRedactsDSN(t *testing.T) {
 		}
 	}
 }
+
+// --formats runs the demo's scenarios again with the seed's orders in
+// Avro and Protobuf (benchmarks/order.avsc, benchmarks/order.proto),
+// through a registry in the process when the config names none: every
+// run exactly once, each format compared with JSON.
+func TestBenchDemoFormats(t *testing.T) {
+	pool := sinktest.Pool(t)
+	prefix := freshSchema(t, pool, "test_benchfmt_")
+	dir := filepath.Join("..", "..", "benchmarks")
+	var stderr bytes.Buffer
+	_, err := runCLI(t, &stderr, "bench", "--config", filepath.Join(dir, "demo.yaml"), "--sample", filepath.Join(dir, "orders.jsonl"),
+		"--dsn", sinktest.DSN(t), "--formats", "avro,xml", "--bench-schema", prefix, "--out", t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), `--formats "xml"`) || !strings.Contains(err.Error(), "--formats avro and --avro-schema go together") {
+		t.Fatalf("bad --formats: %v, want both problems named", err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	_, err = runCLI(t, &stderr, "bench", "--config", filepath.Join(dir, "demo.yaml"), "--sample", filepath.Join(dir, "orders.jsonl"),
+		"--dsn", sinktest.DSN(t), "--events", "1000", "--partitions", "3", "--members", "2", "--scenarios", "steady", "--no-raw-copy",
+		"--formats", "json,avro,protobuf", "--avro-schema", filepath.Join(dir, "order.avsc"), "--protobuf-schema", filepath.Join(dir, "order.proto"),
+		"--bench-schema", prefix, "--out", out)
+	if err != nil {
+		t.Fatalf("bench --formats: %v\nstderr:\n%s", err, stderr.String())
+	}
+	res, err := bench.ReadResults(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range res.Runs {
+		names = append(names, r.Name)
+		if !r.ExactlyOnce {
+			t.Errorf("%s: not exactly once: %v", r.Name, r.Problems)
+		}
+	}
+	if got, want := strings.Join(names, ","), "effects-only,steady,steady-avro,steady-protobuf"; got != want {
+		t.Errorf("runs %s, want %s", got, want)
+	}
+	if len(res.Formats) != 2 {
+		t.Errorf("format ratios %+v, want avro's and protobuf's", res.Formats)
+	}
+}
