@@ -65,31 +65,17 @@ func TestPercentileMs(t *testing.T) {
 // What the project's figures need beyond the rates, on a small run: a
 // CHECKPOINT before each run and the checkpoints during it counted, batch
 // latency and peak RSS, a storm of exactly its planned changes (a join, a
-// leave, a kill, ...: spread over the stream, every one is made) with their recoveries and the partitions' waits
-// with no owner, a CPU profile of the steady run, all in results.md.
+// leave, a kill, ...: spread over the stream, every one is made) with
+// their recoveries and the partitions' waits with no owner, a CPU profile
+// of the steady run, all in results.md.
 func TestRunMeasures(t *testing.T) {
-	up, us, _ := userDB(t)
-	tm, err := ParseTemplate([]byte(paymentTemplate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var progress, prof bytes.Buffer
-	res, err := Run(t.Context(), Config{
-		Pool: up,
-		Handlers: func(string) ([]sink.Handler, error) {
-			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
-		},
-		Topic: "payments", Payloads: FromTemplate(tm),
+	var prof bytes.Buffer
+	res := paymentsRun(t, Config{
 		Events: 6000, Partitions: 6, Members: 2, Scenarios: []string{Steady, Storm}, NoRawCopy: true,
 		StormChanges: 4, Checkpoint: true, CPUProfile: &prof, // the changes spread over the stream
 		// Small batches keep the stream going while the storm changes.
 		Consumer: processor.Config{BatchMaxRecords: 20},
-		Schema:   us + "_b", Progress: &progress,
 	})
-	t.Log(progress.String())
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	for _, r := range res.Runs {
 		if !r.FromCheckpoint || r.Checkpoints == nil {
 			t.Errorf("%s: from a checkpoint %v, checkpoints %v; want a CHECKPOINT before it and a count", r.Name, r.FromCheckpoint, r.Checkpoints)
@@ -155,28 +141,12 @@ func TestValidateMeasures(t *testing.T) {
 // is a restart under the same id: the report counts the partitions the
 // member ran and how many moved to another member meanwhile.
 func TestRunStaticStorm(t *testing.T) {
-	up, us, _ := userDB(t)
-	tm, err := ParseTemplate([]byte(paymentTemplate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var progress bytes.Buffer
-	res, err := Run(t.Context(), Config{
-		Pool: up,
-		Handlers: func(string) ([]sink.Handler, error) {
-			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
-		},
-		Topic: "payments", Payloads: FromTemplate(tm),
+	res := paymentsRun(t, Config{
 		// A change a second: the restarted member has had its partitions.
 		Events: 30000, Partitions: 6, Members: 2, Scenarios: []string{Storm}, NoRawCopy: true,
 		StormChanges: 3, StormEvery: time.Second, InstanceID: true,
 		Consumer: processor.Config{BatchMaxRecords: 20},
-		Schema:   us + "_b", Progress: &progress,
 	})
-	t.Log(progress.String())
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	r := res.Runs[1]
 	if r.Name != Storm || r.StaticMoved == nil {
 		t.Fatalf("%s: static moved %v, want a count", r.Name, r.StaticMoved)
@@ -197,11 +167,6 @@ func TestRunStaticStorm(t *testing.T) {
 // registry and read back through it: exactly once, the same tables as
 // JSON's, and the report compares the two.
 func TestRunFormats(t *testing.T) {
-	up, us, _ := userDB(t)
-	tm, err := ParseTemplate([]byte(paymentTemplate))
-	if err != nil {
-		t.Fatal(err)
-	}
 	fake := srfake.New()
 	defer fake.Close()
 	rc := registry.Config{URL: fake.URL()}
@@ -214,21 +179,10 @@ func TestRunFormats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var progress bytes.Buffer
-	res, err := Run(t.Context(), Config{
-		Pool: up,
-		Handlers: func(string) ([]sink.Handler, error) {
-			return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
-		},
-		Topic: "payments", Payloads: FromTemplate(tm),
+	res := paymentsRun(t, Config{
 		Events: 500, Partitions: 3, Members: 2, Scenarios: []string{Steady}, NoRawCopy: true,
 		Formats: []Format{{Name: processor.FormatAvro, Encoder: enc, Decoder: dec}},
-		Schema:  us + "_b", Progress: &progress,
 	})
-	t.Log(progress.String())
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	var names []string
 	for _, r := range res.Runs {
 		names = append(names, r.Name)
@@ -246,4 +200,26 @@ func TestRunFormats(t *testing.T) {
 		!strings.Contains(err.Error(), `format "xml": avro or protobuf`) || !strings.Contains(err.Error(), "Formats with Brokers") {
 		t.Errorf("bad formats: %v", err)
 	}
+}
+
+// paymentsRun runs c over a payments table of a user's schema, with one
+// SQL handler and the payments template, and fails t when Run fails.
+func paymentsRun(t *testing.T, c Config) *Results {
+	t.Helper()
+	up, us, _ := userDB(t)
+	tm, err := ParseTemplate([]byte(paymentTemplate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	c.Pool, c.Topic, c.Payloads, c.Schema, c.Progress = up, "payments", FromTemplate(tm), us+"_b", &progress
+	c.Handlers = func(string) ([]sink.Handler, error) {
+		return []sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, nil
+	}
+	res, err := Run(t.Context(), c)
+	t.Log(progress.String())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return res
 }
