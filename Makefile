@@ -5,7 +5,7 @@ PKGS  := ./...
 
 export ONCEFLOW_TEST_POSTGRES_DSN ?= $(shell infra/postgres.sh dsn)
 
-.PHONY: help build demo test test-kfake check-rules lint fuzz bench bench-full bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
+.PHONY: help build demo test test-kfake check-rules lint fuzz bench bench-full bench-formats bench-protocols bench-retention bench-backlog bench-sustained chaos chaos-long up down up-postgres up-kafka up-jaeger up-kafka-secure up-postgres-tls up-schema-registry
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -30,13 +30,28 @@ lint: ## go vet and gofmt
 	$(GO) vet $(PKGS)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-bench: up-postgres ## end-to-end benchmark, short mode (under 2 minutes): benchmarks/out/
-	$(GO) run ./benchmarks -short -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)"
+# The scenario benchmark is onceflow bench on the demo's configs (benchmarks/demo.yaml: emailHandler;
+# benchmarks/demo-4handlers.yaml: the four) over the seed's orders; the DSN comes from the environment,
+# so that results.md never quotes it.
+BENCH := ONCEFLOW_POSTGRES_DSN="$(ONCEFLOW_TEST_POSTGRES_DSN)" bin/onceflow bench --sample benchmarks/orders.jsonl
+
+bench: up-postgres build ## the scenario benchmark, short (under 2 minutes): onceflow bench on the demo's config, benchmarks/out/; then the retention experiment and the dedup micro-benchmarks
+	$(BENCH) --config benchmarks/demo.yaml --events 60000 --partitions 6 --storm-changes 10 --out benchmarks/out $(ARGS)
 	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -horizon 2s -duration 10s
 	$(GO) test ./dedup -run '^$$' -bench . -benchtime 2s
 
-bench-full: up-postgres ## the full benchmark behind the README's figures, five rounds (about 8 minutes): benchmarks/results/
-	$(GO) run ./benchmarks -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -rounds 5 -out benchmarks/results $(ARGS)
+bench-full: up-postgres up-kafka build ## the README's figures: onceflow bench on the demo's configs, 1 M events, five rounds, a CHECKPOINT before each run — emailHandler on kfake and on Kafka, the four handlers on kfake (about 30 minutes): benchmarks/results/demo*
+	$(BENCH) --config benchmarks/demo.yaml --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo $(ARGS)
+	$(BENCH) --config benchmarks/demo.yaml --brokers=$$(infra/kafka.sh brokers) --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-kafka $(ARGS)
+	$(BENCH) --config benchmarks/demo-4handlers.yaml --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-4handlers $(ARGS)
+
+bench-formats: up-postgres up-schema-registry build ## Avro and Protobuf against JSON (the seed's orders framed for the schema registry), steady, five rounds: benchmarks/results/demo-formats
+	$(BENCH) --config benchmarks/demo.yaml --formats avro,protobuf --schema-registry $$(infra/schema-registry.sh url) --avro-schema benchmarks/order.avsc --protobuf-schema benchmarks/order.proto \
+		--scenarios steady --no-raw-copy --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-formats $(ARGS)
+
+bench-protocols: up-postgres up-kafka build ## the group protocols side by side on Kafka (classic, consumer; static members), three rounds: benchmarks/results/demo-protocols
+	$(BENCH) --config benchmarks/demo.yaml --brokers=$$(infra/kafka.sh brokers) --group-protocol classic,consumer --instance-id \
+		--scenarios steady,storm,replay --events 300000 --storm-changes 12 --rounds 3 --checkpoint --out benchmarks/results/demo-protocols $(ARGS)
 
 bench-retention: up-postgres ## processed_events size under steady load at a 20s horizon, 3 minutes: benchmarks/results/retention
 	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results/retention $(ARGS)

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,9 +17,16 @@ import (
 
 // RunResult is one measured run: a scenario or a baseline, one round.
 type RunResult struct {
+	// Name is the scenario's or the baseline's, suffixed with the group
+	// protocol when Config.GroupProtocols has several (steady-consumer).
 	Name   string `json:"name"`
 	Round  int    `json:"round"`
 	Schema string `json:"schema"`
+	// Scenario and GroupProtocol: a scenario run's scenario (steady,
+	// storm, replay) and its members' group protocol.
+	Scenario      string `json:"scenario,omitempty"`
+	GroupProtocol string `json:"group_protocol,omitempty"`
+	Format        string `json:"format,omitempty"` // a scenario run's payload format, when not JSON (Config.Formats)
 	// Events are the unique events applied; Records the records read
 	// (with the redeliveries, and for replay the half read twice).
 	Events       int     `json:"events"`
@@ -35,6 +44,41 @@ type RunResult struct {
 	// Consumer is the members' counters summed (scenarios only): where
 	// a run's time goes starts with its batches' sizes and its skips.
 	Consumer *ConsumerStats `json:"consumer,omitempty"`
+	// BatchP50Ms and BatchP99Ms (scenarios): the latency of the members'
+	// committed batches, from a batch closing to its COMMIT, retries
+	// included (processor.BatchInfo.Duration).
+	BatchP50Ms float64 `json:"batch_p50_ms,omitempty"`
+	BatchP99Ms float64 `json:"batch_p99_ms,omitempty"`
+	// PeakRSSMiB is this process's peak resident set during the run
+	// (VmHWM, reset at its start; Linux only): the members and the
+	// baselines' writers, and the generated stream the benchmark holds.
+	PeakRSSMiB float64 `json:"peak_rss_mib,omitempty"`
+	// FromCheckpoint: the run began right after a CHECKPOINT
+	// (Config.Checkpoint, and the role may); Checkpoints is how many the
+	// server began during the run.
+	FromCheckpoint bool   `json:"from_checkpoint"`
+	Checkpoints    *int64 `json:"checkpoints,omitempty"`
+	// RecoveryMedianMs and RecoveryMaxMs (storm): over the changes, the
+	// time until the applied rate, over half a second, is back to 90 % of
+	// its rate over the two seconds before the change (Change.RecoveryMs);
+	// changes after which the stream ended first are left out.
+	RecoveryMedianMs float64 `json:"recovery_median_ms,omitempty"`
+	RecoveryMaxMs    float64 `json:"recovery_max_ms,omitempty"`
+	// StormPlanned is the storm's planned changes (Config.StormChanges);
+	// StormShort says the stream was consumed before the last of them:
+	// the run's rate is not a whole storm's.
+	StormPlanned int  `json:"storm_planned_changes,omitempty"`
+	StormShort   bool `json:"storm_short,omitempty"`
+	// NoOwner (scenarios) is how long partitions waited with no member
+	// running their worker: from a worker stopping on one member to one
+	// starting on any member, polled every 20 ms. A replay's include its
+	// stop and the second group's start.
+	NoOwner *NoOwner `json:"no_owner,omitempty"`
+	// StaticMoved (storm, Config.InstanceID): how many of the restarted
+	// static members' partitions another member ran before the restart
+	// took them back, summed over the restarts, of StaticHeld.
+	StaticMoved *int `json:"static_moved,omitempty"`
+	StaticHeld  int  `json:"static_held,omitempty"`
 }
 
 // ConsumerStats are a scenario run's members' counters, summed.
@@ -68,6 +112,12 @@ type Results struct {
 	// is missing, with HasPrice false).
 	Price    float64 `json:"price_of_exactly_once"`
 	HasPrice bool    `json:"has_price"`
+	// Protocols compares the group protocols the scenarios ran under,
+	// when there were several or with Config.InstanceID.
+	Protocols []ProtocolSummary `json:"protocols,omitempty"`
+	// Formats compares each scenario in each of Config.Formats with its
+	// JSON runs (the summary's medians).
+	Formats []FormatRatio `json:"formats,omitempty"`
 }
 
 // Settings are what a run measured, for the report and for comparing.
@@ -85,6 +135,17 @@ type Settings struct {
 	BatchMax   int      `json:"batch_max_records"`
 	PoolSize   int      `json:"pool_size"`
 	Kafka      string   `json:"kafka"` // "embedded kfake" or the brokers
+	// StormChanges and StormEvery: the storm's planned membership
+	// changes and the time between them (seconds).
+	StormChanges   int      `json:"storm_changes,omitempty"`
+	StormEvery     float64  `json:"storm_every_s,omitempty"`
+	GroupProtocols []string `json:"group_protocols,omitempty"`
+	Formats        []string `json:"formats,omitempty"` // besides JSON
+	InstanceID     bool     `json:"instance_id,omitempty"`
+	Checkpoint     bool     `json:"checkpoint,omitempty"`
+	// Build is the onceflow module's version and VCS revision, as the
+	// binary was built (debug.ReadBuildInfo), "" when unknown.
+	Build string `json:"build,omitempty"`
 }
 
 // Line is one scenario's or baseline's result.
@@ -108,6 +169,10 @@ type benchRun struct {
 	id    string   // in the groups' and schemas' names: never reused, on any cluster or database
 	ref   map[string]TableState
 	mu    sync.Mutex
+	// noCheckpoint: CHECKPOINT was refused once (said then).
+	noCheckpoint bool
+	profiled     bool           // the CPU profile was taken
+	formats      []*formatTopic // Config.Formats' streams
 }
 
 // Run benchmarks cfg's handlers (see the package doc): it generates the
@@ -166,7 +231,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	res.Settings = Settings{Topic: b.kafka.topic, Payloads: cfg.Payloads.String(), Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
 		Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
-		BatchMax: batch, PoolSize: cfg.PoolSize, Kafka: kafka}
+		BatchMax: batch, PoolSize: cfg.PoolSize, Kafka: kafka, InstanceID: cfg.InstanceID, Checkpoint: cfg.Checkpoint, Build: build()}
+	if slices.Contains(cfg.Scenarios, Storm) {
+		res.Settings.StormChanges, res.Settings.StormEvery = cfg.StormChanges, cfg.StormEvery.Seconds()
+	}
+	for _, p := range cfg.GroupProtocols {
+		res.Settings.GroupProtocols = append(res.Settings.GroupProtocols, string(p))
+	}
 	for _, t := range b.iso.Tables() {
 		res.Settings.Tables = append(res.Settings.Tables, name(t))
 	}
@@ -181,35 +252,86 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	b.recs.produced()
 	fmt.Fprintf(cfg.Progress, "  produced %d records in %.1fs\n", len(b.recs.recs), time.Since(t0).Seconds())
+	if len(cfg.Formats) > 0 {
+		t0 = time.Now()
+		b.formats, err = b.openFormats(ctx)
+		defer func() {
+			for _, f := range b.formats {
+				err = errors.Join(err, f.k.close(context.WithoutCancel(ctx)))
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range cfg.Formats {
+			res.Settings.Formats = append(res.Settings.Formats, string(f.Name))
+		}
+		fmt.Fprintf(cfg.Progress, "  produced them again in %v in %.1fs\n", res.Settings.Formats, time.Since(t0).Seconds())
+	}
 
 	var failed []string
 	for round := 1; round <= cfg.Rounds; round++ {
-		var names []string
-		names = append(names, EffectsOnly) // always: the tables' reference
+		specs := []runSpec{{name: EffectsOnly, scenario: EffectsOnly}} // always: the tables' reference
 		if !cfg.NoRawCopy {
-			names = append(names, RawCopy)
+			specs = append(specs, runSpec{name: RawCopy, scenario: RawCopy})
 		}
-		names = append(names, cfg.Scenarios...)
-		for _, n := range names {
-			r, err := b.run(ctx, n, round)
+		for _, p := range cfg.GroupProtocols {
+			for _, sc := range cfg.Scenarios {
+				specs = append(specs, runSpec{name: runName(sc, p, cfg.GroupProtocols), scenario: sc, protocol: p})
+			}
+		}
+		for _, f := range b.formats {
+			for _, sc := range cfg.Scenarios {
+				specs = append(specs, runSpec{name: sc + "-" + string(f.f.Name), scenario: sc, protocol: cfg.GroupProtocols[0], format: f})
+			}
+		}
+		for _, sp := range specs {
+			r, err := b.run(ctx, sp, round)
 			if err != nil {
 				return res, err
 			}
 			res.Runs = append(res.Runs, *r)
 			if !r.ExactlyOnce {
-				failed = append(failed, fmt.Sprintf("%s round %d: %v", n, round, r.Problems))
+				failed = append(failed, fmt.Sprintf("%s round %d: %v", sp.name, round, r.Problems))
 			}
 		}
 	}
-	summarize(res)
+	summarize(res, runName(Steady, cfg.GroupProtocols[0], cfg.GroupProtocols))
+	if len(cfg.GroupProtocols) > 1 || cfg.InstanceID {
+		res.Protocols = summarizeProtocols(res, cfg.GroupProtocols)
+	}
+	if len(cfg.Formats) > 0 {
+		res.Formats = formatRatios(res, cfg.Scenarios, cfg.Formats)
+	}
 	if len(failed) > 0 {
 		return res, fmt.Errorf("bench: not exactly once:\n  %s", joinLines(failed))
 	}
 	return res, nil
 }
 
-// run runs one scenario or baseline in a schema of its own.
-func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, err error) {
+// runSpec is one run to make: a baseline, or a scenario under a group
+// protocol.
+type runSpec struct {
+	name     string // the run's: the scenario's, suffixed with the protocol when there are several
+	scenario string // or the baseline's name
+	protocol processor.GroupProtocol
+	format   *formatTopic // nil: JSON, the stream of b.kafka
+}
+
+// runName is scenario's run under protocol: the scenario's name alone
+// when the benchmark runs one protocol, suffixed with it when several.
+func runName(scenario string, protocol processor.GroupProtocol, protocols []processor.GroupProtocol) string {
+	if len(protocols) < 2 {
+		return scenario
+	}
+	return scenario + "-" + string(protocol)
+}
+
+// run runs one scenario or baseline in a schema of its own: after a
+// CHECKPOINT with Config.Checkpoint, with this process's peak RSS reset,
+// under the CPU profile when it is the one Config.CPUProfileOf names.
+func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResult, err error) {
+	n := spec.name
 	// The id keeps two benchmarks on one database, at once or one after
 	// a --keep, apart; Create fails on a schema that exists.
 	schema := fmt.Sprintf("%s_%s_%s_r%d", b.cfg.Schema, b.id, schemaWord(n), round)
@@ -224,12 +346,34 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 		}
 	}()
 	r := &RunResult{Name: n, Round: round, Schema: schema, Events: len(b.recs.events), Records: len(b.recs.recs)}
+	if spec.protocol != "" {
+		r.Scenario, r.GroupProtocol = spec.scenario, string(spec.protocol)
+	}
+	kafka, format := b.kafka, (*Format)(nil)
+	if spec.format != nil {
+		kafka, format = spec.format.k, &spec.format.f
+		r.Format = string(format.Name)
+	}
 	label := fmt.Sprintf("%s (round %d)", n, round)
+	cps, err := b.fromCheckpoint(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	stopProfile := func() {}
+	if b.cfg.CPUProfile != nil && !b.profiled && spec.scenario == b.cfg.CPUProfileOf {
+		if err := pprof.StartCPUProfile(b.cfg.CPUProfile); err != nil {
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		b.profiled = true
+		stopProfile = sync.OnceFunc(pprof.StopCPUProfile)
+		defer stopProfile()
+	}
+	resetPeakRSS()
 	// A run lasts from its start (the members' start: their joining the
 	// group included) to its last batch's COMMIT, or the baseline's last.
 	start := time.Now()
 	var stop time.Time
-	switch n {
+	switch spec.scenario {
 	case EffectsOnly, RawCopy:
 		hs, err := b.cfg.Handlers(schema)
 		if err != nil {
@@ -247,39 +391,58 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 		}
 	case Steady, Storm:
 		var st groupStats
-		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id),
-			int64(len(b.recs.recs)), start, label, &r.Series, &r.Changes, n == Storm, &st)
+		own := newOwners()
+		stopWatch := own.watch()
+		_, end, err := b.consume(ctx, &groupRun{pool: pool, schema: schema, group: fmt.Sprintf("onceflow-bench-%s-r%d-%s", schemaWord(n), round, b.id),
+			protocol: spec.protocol, kafka: kafka, format: format, want: int64(len(b.recs.recs)), start: start, label: label, storm: spec.scenario == Storm,
+			static: spec.scenario == Storm && b.cfg.InstanceID, r: r, st: &st, own: own})
+		r.NoOwner = stopWatch()
 		if err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
 		stop = end
-		r.Consumer = consumerStats(st.members)
+		b.groupResults(r, &st)
 	case Replay:
 		// Half-way (once half the records are committed: a little more
 		// on a small run), the group stops; a group without stored
 		// offsets then reads the topic from its start: what the first
 		// read applied must apply nothing again.
 		var st groupStats // both groups': the second applies nothing
-		half, _, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-1", round, b.id),
-			int64(len(b.recs.recs)/2), start, label+" first half", &r.Series, &r.Changes, false, &st)
+		own := newOwners()
+		stopWatch := own.watch()
+		g := &groupRun{pool: pool, schema: schema, group: fmt.Sprintf("onceflow-bench-%s-r%d-%s-1", schemaWord(n), round, b.id),
+			protocol: spec.protocol, kafka: kafka, format: format, want: int64(len(b.recs.recs) / 2), start: start, label: label + " first half", r: r, st: &st, own: own}
+		half, _, err := b.consume(ctx, g)
 		if err != nil {
+			r.NoOwner = stopWatch()
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
-		r.Changes = append(r.Changes, Change{Seconds: time.Since(start).Seconds(), What: "restart"})
-		_, end, err := b.consume(ctx, pool, schema, fmt.Sprintf("onceflow-bench-replay-r%d-%s-2", round, b.id),
-			int64(len(b.recs.recs)), start, label+" from the start", &r.Series, &r.Changes, false, &st)
+		r.Changes = append(r.Changes, Change{Seconds: time.Since(start).Seconds(), What: "reread"})
+		g.group, g.want, g.label, g.prefix = strings.TrimSuffix(g.group, "-1")+"-2", int64(len(b.recs.recs)), label+" from the start", "reread/"
+		_, end, err := b.consume(ctx, g)
+		r.NoOwner = stopWatch()
 		if err != nil {
 			b.line.done("  %s: failed", label)
 			return nil, err
 		}
 		r.Records = len(b.recs.recs) + int(half)
 		stop = end
-		r.Consumer = consumerStats(st.members)
+		b.groupResults(r, &st)
 	}
 	if stop.IsZero() {
 		stop = time.Now()
+	}
+	stopProfile()
+	r.PeakRSSMiB = peakRSSMiB()
+	if cps >= 0 {
+		after, err := checkpoints(ctx, b.cfg.Pool)
+		if err != nil {
+			return nil, err
+		}
+		d := after - cps
+		r.Checkpoints = &d
 	}
 	el := stop.Sub(start)
 
@@ -301,8 +464,65 @@ func (b *benchRun) run(ctx context.Context, n string, round int) (_ *RunResult, 
 	if !r.ExactlyOnce {
 		verdict = "NOT EXACTLY ONCE: " + joinLines(r.Problems)
 	}
-	b.line.done("  %s: %.0f events/s (%d events in %.1fs); %s", label, r.EventsPerSec, r.Events, r.Seconds, verdict)
+	extra := ""
+	if r.StormShort {
+		extra = fmt.Sprintf(" (the stream ran out after %d of %d changes: raise --events)", len(r.Changes), r.StormPlanned)
+	}
+	b.line.done("  %s: %.0f events/s (%d events in %.1fs); %s%s", label, r.EventsPerSec, r.Events, r.Seconds, verdict, extra)
 	return r, nil
+}
+
+// groupResults completes a scenario run from its groups' counters: the
+// members' stats, the batches' latency, the storm's recoveries and, with
+// static members, the partitions that moved.
+func (b *benchRun) groupResults(r *RunResult, st *groupStats) {
+	st.mu.Lock()
+	r.Consumer = consumerStats(st.members)
+	r.BatchP50Ms, r.BatchP99Ms = percentileMs(st.durs, 0.50), percentileMs(st.durs, 0.99)
+	st.mu.Unlock()
+	if r.Scenario != Storm {
+		return
+	}
+	r.RecoveryMedianMs, r.RecoveryMaxMs = recovery(r.Series, r.Changes)
+	if !b.cfg.InstanceID {
+		return
+	}
+	moved := 0
+	for _, c := range r.Changes {
+		if c.What == "restart" {
+			r.StaticHeld += c.Held
+			if c.Moved != nil {
+				moved += *c.Moved
+			}
+		}
+	}
+	r.StaticMoved = &moved
+}
+
+// fromCheckpoint runs CHECKPOINT before a run when Config.Checkpoint
+// asks and the role may (said once when it may not), and returns the
+// checkpoints the server has begun, the benchmark's own counted, or -1
+// when they cannot be read (the run then has no count).
+func (b *benchRun) fromCheckpoint(ctx context.Context, r *RunResult) (int64, error) {
+	before, err := checkpoints(ctx, b.cfg.Pool)
+	if err != nil {
+		fmt.Fprintf(b.cfg.Progress, "  the server's checkpoints cannot be counted (%v): runs give none\n", err)
+		return -1, nil
+	}
+	if !b.cfg.Checkpoint || b.noCheckpoint {
+		return before, nil
+	}
+	ok, err := checkpoint(ctx, b.cfg.Pool)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		b.noCheckpoint = true
+		fmt.Fprintf(b.cfg.Progress, "  CHECKPOINT refused: the role needs pg_checkpoint (or superuser); runs start wherever the server's checkpoint cycle is (\"not from one\")\n")
+		return before, nil
+	}
+	r.FromCheckpoint = true
+	return checkpointCounted(ctx, b.cfg.Pool, before)
 }
 
 // schemaWord is a run's name as a schema name's part.
@@ -313,7 +533,7 @@ func schemaWord(n string) string {
 	case RawCopy:
 		return "raw_copy"
 	}
-	return n
+	return strings.ReplaceAll(n, "-", "_")
 }
 
 func joinLines(ps []string) string {
@@ -329,7 +549,8 @@ func joinLines(ps []string) string {
 
 // summarize fills res.Summary and the price from its runs: per name, the
 // median round.
-func summarize(res *Results) {
+// steady names the steady run the price is of (the first protocol's).
+func summarize(res *Results, steady string) {
 	var order []string
 	by := map[string][]RunResult{}
 	for _, r := range res.Runs {
@@ -362,7 +583,7 @@ func summarize(res *Results) {
 			l.VsRawCopy = l.EventsPerSec / c
 		}
 	}
-	if s, e := med[Steady], med[EffectsOnly]; s > 0 && e > 0 {
+	if s, e := med[steady], med[EffectsOnly]; s > 0 && e > 0 {
 		res.Price, res.HasPrice = 1-s/e, true
 	}
 }

@@ -23,6 +23,21 @@
 //     tables: every handler claimed every unique event once, no dead
 //     letter, and the written tables hold what the effects-only baseline
 //     wrote (the same rows, counted and digested);
+//   - what each run measures beside its rate: its committed batches'
+//     latency, this process's peak RSS, the checkpoints the server began
+//     during it (with [Config.Checkpoint], each run starts right after
+//     one); a storm, defined by its membership changes
+//     ([Config.StormChanges]: joins, leaves, kills), each change's
+//     recovery time and the partitions' waits with no owner; the
+//     scenarios under several group protocols side by side
+//     ([Config.GroupProtocols]) and static members ([Config.InstanceID]);
+//     the scenarios again with the payloads in Avro or Protobuf, framed
+//     for a schema registry ([Config.Formats]);
+//     a CPU profile of one run ([Config.CPUProfile]);
 //   - the report ([Results]): a table, results.json and results.md, and
 //     the difference with an earlier results.json ([Compare]).
+//
+// The project's own benchmark is this package on the demo's configs
+// (benchmarks/demo.yaml, benchmarks/demo-4handlers.yaml) and the seed's
+// orders (benchmarks/orders.jsonl): `make bench-full`.
 package bench

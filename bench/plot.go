@@ -71,8 +71,8 @@ func plotRun(path string, r *RunResult, handlers int) error {
 	p.Legend.Add("unique events applied/s", le)
 	p.Legend.Add("records committed/s", l)
 	p.Legend.Top, p.Legend.Left = true, true
-	colors := map[string]color.RGBA{"join+leave": {R: 0xff, G: 0x99, A: 255},
-		"join+crash": {R: 0xd6, G: 0x27, B: 0x28, A: 255}, "restart": {R: 0x94, G: 0x67, B: 0xbd, A: 255}}
+	colors := map[string]color.RGBA{"join": {R: 0x2c, G: 0xa0, B: 0x2c, A: 255}, "leave": {R: 0xff, G: 0x99, A: 255},
+		"kill": {R: 0xd6, G: 0x27, B: 0x28, A: 255}, "restart": {R: 0x8c, G: 0x56, B: 0x4b, A: 255}, "reread": {R: 0x94, G: 0x67, B: 0xbd, A: 255}}
 	seen := map[string]bool{}
 	for _, c := range r.Changes {
 		m, err := plotter.NewLine(plotter.XYs{{X: c.Seconds, Y: 0}, {X: c.Seconds, Y: maxY}})

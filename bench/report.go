@@ -80,9 +80,30 @@ func (res *Results) WriteFiles(dir, command string) error {
 	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
 	fmt.Fprintf(&md, "Payloads: %s. %d unique events, %d records (%.0f %% redeliveries, some on another partition), %d partitions, %d members, "+
-		"batches of at most %d, %d Postgres connections, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s.\n\n",
+		"batches of at most %d, %d Postgres connections, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
 		st.Payloads, st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
+	if st.StormChanges > 0 {
+		pace := "spread over the stream"
+		if st.StormEvery > 0 {
+			pace = fmt.Sprintf("one every %gs", st.StormEvery)
+		}
+		static := ""
+		if st.InstanceID {
+			static = "; static members, whose kill is a restart under the same instance id"
+		}
+		fmt.Fprintf(&md, "Storm: %d membership changes, %s (a join, a leave, and every third a kill and a replacement%s). ", st.StormChanges, pace, static)
+	}
+	if len(st.GroupProtocols) > 0 {
+		fmt.Fprintf(&md, "Group protocol: %s. ", strings.Join(st.GroupProtocols, ", "))
+	}
+	if len(st.Formats) > 0 {
+		fmt.Fprintf(&md, "Payload formats besides JSON: %s. ", strings.Join(st.Formats, ", "))
+	}
+	if st.Build != "" {
+		fmt.Fprintf(&md, "Build: %s.", st.Build)
+	}
+	md.WriteString("\n\n")
 	fmt.Fprintf(&md, "| run | events/s | vs effects-only | vs raw-copy | exactly once | rounds |\n|---|---:|---:|---:|---|---|\n")
 	for _, l := range res.Summary {
 		fmt.Fprintf(&md, "| %s | %.0f | %s | %s | %s | %s |\n", l.Name, l.EventsPerSec, ratio(l.VsEffects), ratio(l.VsRawCopy), yes(l.ExactlyOnce), rounds(l.Rounds))
@@ -92,6 +113,37 @@ func (res *Results) WriteFiles(dir, command string) error {
 		"raw-copy: the same plus the dedup rows (processed_events) by COPY. " +
 		"Every run is checked from its tables: each unique event claimed once per handler, no dead letter, " +
 		"and the written tables as effects-only left them.\n")
+	md.WriteString("\n| run | round | events/s | seconds | batch p50 / p99 ms | changes | recovery median / max ms | waits with no owner (n, median / max ms) | checkpoints | peak RSS MiB |\n" +
+		"|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n")
+	for _, r := range res.Runs {
+		lat, rec, wait := "–", "–", "–"
+		if r.Consumer != nil {
+			lat = fmt.Sprintf("%.1f / %.1f", r.BatchP50Ms, r.BatchP99Ms)
+			wait = noOwner(r.NoOwner)
+		}
+		if r.Scenario == Storm {
+			rec = fmt.Sprintf("%.0f / %.0f", r.RecoveryMedianMs, r.RecoveryMaxMs)
+		}
+		fmt.Fprintf(&md, "| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %s | %.0f |\n", r.Name, r.Round, r.EventsPerSec, r.Seconds, lat,
+			changeKinds(r), rec, wait, checkpointsCell(r, st.Checkpoint), r.PeakRSSMiB)
+	}
+	md.WriteString("\nBatch latency: a committed batch's, from its closing to its COMMIT. Recovery: after each membership change, the time until the applied rate " +
+		"over half a second is back at 90 % of its rate over the two seconds before (changes after which the stream ended first are left out). " +
+		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms). " +
+		"Checkpoints: those the server began during the run")
+	if st.Checkpoint {
+		md.WriteString("; each run starts right after a CHECKPOINT (unless \"not from one\": the role lacks pg_checkpoint), so runs that write the same WAL meet theirs at the same places")
+	}
+	md.WriteString(". Peak RSS: this process's (VmHWM), the members', the writers' and the generated stream's.\n")
+	writeProtocols(&md, res.Protocols)
+	if len(res.Formats) > 0 {
+		md.WriteString("\n### Payload formats against JSON\n\n| scenario | format | events/s | JSON events/s | × JSON |\n|---|---|---:|---:|---:|\n")
+		for _, f := range res.Formats {
+			fmt.Fprintf(&md, "| %s | %s | %.0f | %.0f | %s |\n", f.Scenario, f.Format, f.Rate, f.JSONRate, ratio(f.Ratio))
+		}
+		md.WriteString("\nEach format's records are the JSON ones encoded for a schema registry before the runs, on an embedded cluster of their own, " +
+			"and read by the members through the registry back into JSON; medians of the rounds, each format's runs after JSON's in every round.\n")
+	}
 	var scen []RunResult
 	for _, r := range res.Runs {
 		if r.Consumer != nil {
@@ -114,6 +166,42 @@ func (res *Results) WriteFiles(dir, command string) error {
 		}
 	}
 	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644)
+}
+
+// changeKinds counts a scenario run's membership changes by kind, and
+// says when a storm's stream ran out before its last change.
+func changeKinds(r RunResult) string {
+	if len(r.Changes) == 0 {
+		return "–"
+	}
+	n := map[string]int{}
+	for _, c := range r.Changes {
+		n[c.What]++
+	}
+	var kinds []string
+	for _, k := range []string{"join", "leave", "kill", "restart", "reread"} {
+		if n[k] > 0 {
+			kinds = append(kinds, fmt.Sprintf("%d %s", n[k], k))
+		}
+	}
+	out := strings.Join(kinds, ", ")
+	if r.StormShort {
+		out += fmt.Sprintf(" of %d planned (**the stream ran out first**: raise --events)", r.StormPlanned)
+	}
+	if r.StaticMoved != nil {
+		out += fmt.Sprintf("; static: %d of %d partitions moved", *r.StaticMoved, r.StaticHeld)
+	}
+	return out
+}
+
+func checkpointsCell(r RunResult, asked bool) string {
+	if r.Checkpoints == nil {
+		return "–"
+	}
+	if asked && !r.FromCheckpoint {
+		return fmt.Sprintf("%d (not from one)", *r.Checkpoints)
+	}
+	return fmt.Sprint(*r.Checkpoints)
 }
 
 func orNone(s []string) string {
@@ -189,6 +277,12 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("pool", a.PoolSize, b.PoolSize)
 	add("kafka", a.Kafka, b.Kafka)
 	add("handlers", a.Handlers, b.Handlers)
+	add("storm_changes", a.StormChanges, b.StormChanges)
+	add("storm_every_s", a.StormEvery, b.StormEvery)
+	add("group_protocols", a.GroupProtocols, b.GroupProtocols)
+	add("instance_id", a.InstanceID, b.InstanceID)
+	add("checkpoint", a.Checkpoint, b.Checkpoint)
+	add("formats", a.Formats, b.Formats)
 	if len(diff) > 0 {
 		fmt.Fprintf(w, "settings that differ: %s\n", strings.Join(diff, ", "))
 	}

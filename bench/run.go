@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,10 +75,52 @@ type Config struct {
 	Members    int       // group members at once; default 3
 	Scenarios  []string  // of Steady, Storm, Replay; default all three
 	Rounds     int       // each run this many times, the median reported; default 1
-	// StormEvery is the time between a storm's membership changes
-	// (every third a crash); default 2s.
+	// StormChanges is how many membership changes a storm makes: a
+	// member joins, the oldest leaves, and every third change kills the
+	// oldest (as a SIGKILL would: it never leaves the group, and its
+	// partitions wait for the session timeout) and starts a replacement.
+	// A storm is its changes, not its events: with StormEvery 0 they are
+	// spread over the stream, change k once k/(StormChanges+1) of its
+	// records are committed, so that every one is made whatever the rate.
+	// Default 12.
+	StormChanges int
+	// StormEvery, when set, paces the storm by time instead: a change
+	// every StormEvery from the group's first commit on (a change due
+	// while another runs starts when that one returns); a stream
+	// consumed before the last change is said (RunResult.StormShort).
 	StormEvery time.Duration
-	Seed       uint64
+	// GroupProtocols: the scenarios run under each of these group
+	// protocols in turn, round by round, side by side in one Results
+	// (the runs named steady-classic, storm-consumer...; Results.Protocols
+	// compares them). Default: Consumer.GroupProtocol's alone.
+	GroupProtocols []processor.GroupProtocol
+	// InstanceID makes the storm's members static (KIP-345: instance ids
+	// onceflow-bench-member-N), and a storm's kill a restart: the member
+	// is killed and started again under its id at once; each restart
+	// counts the partitions the member ran and how many of them another
+	// member ran before the restart took them back (RunResult.StaticMoved:
+	// 0 is static membership working). Consumer.InstanceID is not used.
+	InstanceID bool
+	// Formats: besides JSON, the scenarios run again with the payloads in
+	// each of these formats (avro, protobuf), after JSON's runs in every
+	// round, named steady-avro, storm-protobuf...; the baselines stay
+	// JSON. Results.Formats compares each with JSON's runs. Each format's
+	// stream is on an embedded cluster of its own (not with Brokers, nor
+	// with several GroupProtocols); Consumer.Decode.Format must be json.
+	Formats []Format
+	// Checkpoint runs CHECKPOINT before each run (baselines included), so
+	// that runs writing the same WAL meet the server's checkpoints at the
+	// same places; a role that may not (it needs pg_checkpoint or
+	// superuser) is said once, and its runs are "not from one". The
+	// checkpoints the server begins during each run are counted either
+	// way (RunResult.Checkpoints).
+	Checkpoint bool
+	// CPUProfile, if set, receives a CPU profile (runtime/pprof) of this
+	// process during round 1's run of CPUProfileOf: a scenario (under
+	// the first of GroupProtocols) or a baseline; default steady.
+	CPUProfile   io.Writer
+	CPUProfileOf string
+	Seed         uint64
 	// Schema prefixes the schemas of the runs
 	// (<Schema>_<random>_<run>_r<round>, the random part the same for
 	// every run of one call); default "onceflow_bench". Keep leaves them
@@ -108,8 +151,14 @@ func (c Config) withDefaults() Config {
 	if c.Rounds == 0 {
 		c.Rounds = 1
 	}
-	if c.StormEvery == 0 {
-		c.StormEvery = 2 * time.Second
+	if c.StormChanges == 0 {
+		c.StormChanges = 12
+	}
+	if len(c.GroupProtocols) == 0 {
+		c.GroupProtocols = []processor.GroupProtocol{cmp.Or(c.Consumer.GroupProtocol, processor.DefaultGroupProtocol)}
+	}
+	if c.CPUProfileOf == "" {
+		c.CPUProfileOf = Steady
 	}
 	if c.Schema == "" {
 		c.Schema = "onceflow_bench"
@@ -161,6 +210,54 @@ func (c Config) Validate() error {
 	}
 	if c.PoolSize < 1 {
 		bad("PoolSize %d: at least 1", c.PoolSize)
+	}
+	if c.StormChanges < 1 {
+		bad("StormChanges %d: at least 1", c.StormChanges)
+	}
+	if c.StormEvery < 0 {
+		bad("StormEvery %v: not negative", c.StormEvery)
+	}
+	for i, p := range c.GroupProtocols {
+		if p != processor.ClassicProtocol && p != processor.ConsumerProtocol {
+			bad("group protocol %q: %s or %s", p, processor.ClassicProtocol, processor.ConsumerProtocol)
+		} else if slices.Contains(c.GroupProtocols[:i], p) {
+			bad("group protocol %q listed twice", p)
+		}
+	}
+	if c.InstanceID && len(c.Brokers) == 0 && slices.Contains(c.GroupProtocols, processor.ConsumerProtocol) && slices.Contains(c.Scenarios, Storm) {
+		// kfake stops a static member's session timer when it leaves for
+		// now (epoch -2): its partitions stay reserved for it forever, and
+		// a storm whose static member left never ends. Kafka expires it.
+		bad("InstanceID with the consumer group protocol needs a real Kafka (Brokers): " +
+			"the embedded kfake never expires a static member that left, and the storm would wait for its partitions forever")
+	}
+	for i, f := range c.Formats {
+		switch {
+		case f.Name != processor.FormatAvro && f.Name != processor.FormatProtobuf:
+			bad("format %q: avro or protobuf (JSON's runs are always made)", f.Name)
+		case f.Encoder == nil || f.Decoder == nil:
+			bad("format %s: an Encoder and a Decoder are required", f.Name)
+		case slices.ContainsFunc(c.Formats[:i], func(g Format) bool { return g.Name == f.Name }):
+			bad("format %s listed twice", f.Name)
+		}
+	}
+	if len(c.Formats) > 0 {
+		if len(c.Brokers) > 0 {
+			bad("Formats with Brokers: the formats' streams run on the embedded kfake only")
+		}
+		if len(c.GroupProtocols) > 1 {
+			bad("Formats with several GroupProtocols: compare formats under one protocol, or protocols in one format")
+		}
+		if d := c.Consumer.Decode.Format; d != "" && d != processor.FormatJSON {
+			bad("Formats with decode.format %s: the formats are compared with JSON's runs", d)
+		}
+	}
+	if of := c.CPUProfileOf; c.CPUProfile != nil && !slices.Contains([]string{Steady, Storm, Replay, EffectsOnly, RawCopy}, of) {
+		bad("CPUProfileOf %q: a scenario (steady, storm, replay) or a baseline (effects-only, raw-copy)", of)
+	} else if c.CPUProfile != nil && of != EffectsOnly && of != RawCopy && !slices.Contains(c.Scenarios, of) {
+		bad("CPUProfileOf %q: not among the scenarios run (%s)", of, strings.Join(c.Scenarios, ", "))
+	} else if c.CPUProfile != nil && of == RawCopy && c.NoRawCopy {
+		bad("CPUProfileOf raw-copy with NoRawCopy: nothing to profile")
 	}
 	for i, s := range c.Scenarios {
 		if !slices.Contains([]string{Steady, Storm, Replay}, s) {

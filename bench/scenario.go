@@ -33,7 +33,15 @@ type kafkaTopic struct {
 func openKafka(ctx context.Context, c Config) (*kafkaTopic, error) {
 	if len(c.Brokers) == 0 {
 		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(c.Partitions), c.Topic),
-			kfake.GroupMinSessionTimeout(100*time.Millisecond))
+			kfake.GroupMinSessionTimeout(100*time.Millisecond),
+			// Under the consumer group protocol the broker sets the
+			// session and the heartbeat: members.Tuned's, as under
+			// classic. (A real Kafka's are its own: 45s and 5s by
+			// default.)
+			kfake.BrokerConfigs(map[string]string{
+				"group.consumer.session.timeout.ms":    "3000",
+				"group.consumer.heartbeat.interval.ms": "300",
+			}))
 		if err != nil {
 			return nil, fmt.Errorf("embedded kafka: %w", err)
 		}
@@ -106,7 +114,8 @@ func (k *kafkaTopic) produce(ctx context.Context, recs []*kgo.Record) error {
 }
 
 // runner is a group member: a pipeline.Runner, the pipeline of `onceflow
-// run`.
+// run`. Its Crash is a kill (pipeline.Runner.Kill): it never leaves the
+// group.
 type runner struct {
 	name   string
 	p      *pipeline.Runner
@@ -119,7 +128,7 @@ type runner struct {
 func (m *runner) Name() string           { return m.name }
 func (m *runner) Stats() processor.Stats { return m.p.Stats() }
 func (m *runner) Leave() error           { m.cancel(); return m.wait() }
-func (m *runner) Crash() error           { m.p.Abort(); return m.wait() }
+func (m *runner) Crash() error           { m.p.Kill(); return m.wait() }
 func (m *runner) wait() error {
 	m.once.Do(func() {
 		m.err = <-m.done
@@ -138,36 +147,65 @@ type groupStats struct {
 
 	mu      sync.Mutex
 	members processor.Stats // the counters of the groups' members, summed once each group stopped
+	durs    []time.Duration // every committed batch's, from its closing to its COMMIT
 }
 
-// starter starts members of group over pool and schema, counting their
-// batches in st.
-func (b *benchRun) starter(pool *pgxpool.Pool, schema, group string, st *groupStats) members.Starter {
+// groupRun is one consumer group's part of a scenario run.
+type groupRun struct {
+	pool     *pgxpool.Pool
+	schema   string
+	group    string
+	protocol processor.GroupProtocol
+	kafka    *kafkaTopic // the stream: JSON's, or format's
+	format   *Format     // nil: JSON
+	want     int64       // records committed that end it
+	start    time.Time   // the run's
+	label    string
+	storm    bool
+	static   bool   // members with instance ids (storm, Config.InstanceID)
+	prefix   string // of the members' names in own: the replay's second group's differ
+	r        *RunResult
+	st       *groupStats
+	own      *owners
+}
+
+// starter starts members of g's group, counting their batches in g.st
+// and registering them with g.own.
+func (b *benchRun) starter(g *groupRun) members.Starter {
 	return func(ctx context.Context, name string) (members.Member, error) {
-		hs, err := b.cfg.Handlers(schema)
+		hs, err := b.cfg.Handlers(g.schema)
 		if err != nil {
 			return nil, err
 		}
 		cc := members.Tuned(b.cfg.Consumer)
-		cc.ClientID = name
-		if cc.InstanceID != "" {
-			cc.InstanceID += "-" + name
+		cc.ClientID, cc.GroupProtocol, cc.InstanceID = name, g.protocol, ""
+		if g.static {
+			cc.InstanceID = "onceflow-bench-" + name
 		}
-		cc.KafkaOptions = append(cc.KafkaOptions, b.kafka.opts...)
+		cc.KafkaOptions = append(cc.KafkaOptions, g.kafka.opts...)
+		if g.format != nil {
+			cc.Decode.Format, cc.Decode.Registry = g.format.Name, g.format.Decoder
+		}
 		next := cc.OnBatch
 		cc.OnBatch = func(bi processor.BatchInfo) {
-			st.applied.Add(int64(bi.Result.Applied))
-			st.last.Store(time.Now().UnixNano())
+			g.st.applied.Add(int64(bi.Result.Applied))
+			g.st.last.Store(time.Now().UnixNano())
+			if !bi.Result.OffsetDeferred { // a batch that wrote: to its COMMIT
+				g.st.mu.Lock()
+				g.st.durs = append(g.st.durs, bi.Duration)
+				g.st.mu.Unlock()
+			}
 			if next != nil {
 				next(bi)
 			}
 		}
-		p, err := pipeline.New(pipeline.Config{Brokers: b.kafka.brokers, Topics: []string{b.kafka.topic}, Group: group,
-			Pool: pool, Schema: schema, Handlers: hs, LRUSize: b.cfg.LRUSize,
+		p, err := pipeline.New(pipeline.Config{Brokers: g.kafka.brokers, Topics: []string{g.kafka.topic}, Group: g.group,
+			Pool: g.pool, Schema: g.schema, Handlers: hs, LRUSize: b.cfg.LRUSize,
 			Logger: b.cfg.Logger.With("member", name), Consumer: cc, Writer: b.cfg.Writer})
 		if err != nil {
 			return nil, err
 		}
+		g.own.add(g.prefix+name, p)
 		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		m := &runner{name: name, p: p, cancel: cancel, done: make(chan error, 1)}
 		go func() { m.done <- p.Run(rctx) }()
@@ -183,37 +221,116 @@ type Sample struct {
 }
 
 // Change is a membership change during a scenario run, or the replay's
-// restart.
+// re-read.
 type Change struct {
 	Seconds float64 `json:"s"`
-	What    string  `json:"what"` // join+leave, join+crash, restart
+	// What: join, leave, kill (the oldest killed, a replacement started),
+	// restart (a static member killed and started again under its id),
+	// or reread (the replay's group stopped, a new one reading from the
+	// start).
+	What string `json:"what"`
+	// Took is how long the change took, in seconds: a leave drains the
+	// member's in-flight batches, a kill waits for the member to stop and
+	// its replacement to start.
+	Took float64 `json:"took_s,omitempty"`
+	// RecoveryMs is the time until the rate recovered (see recovery); 0
+	// when it did not before the stream ended.
+	RecoveryMs float64 `json:"recovery_ms,omitempty"`
+	// Held and Moved (restart): the partitions the member ran when it was
+	// killed, and how many of them another member ran before the restart
+	// took them back (nil: not all taken back within 30 s).
+	Held  int  `json:"held,omitempty"`
+	Moved *int `json:"moved,omitempty"`
 }
 
 // stallAfter is how long a run may go without committing a record
 // before it is given up as stuck.
 const stallAfter = 90 * time.Second
 
-// consume runs a group of c.Members members over schema until they have
-// committed want records (the group's stored offsets), sampling into
-// series, and returns the records committed and when the batch that
-// completed them committed. With storm, the group's
-// membership changes (members.Group.Churn: a join and a leave, every
-// third a crash) once the first record is committed and then every
-// StormEvery, and the run has at least one change: one that would come
-// after the last record is waited for. It returns with an error when ctx
-// ends or nothing is committed for stallAfter.
-func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, group string, want int64, start time.Time,
-	label string, series *[]Sample, changes *[]Change, storm bool, st *groupStats) (int64, time.Time, error) {
-	g := members.NewGroup(b.starter(pool, schema, group, st))
+// stormChange is a storm's n-th (from 1) membership change: a member
+// joins, the oldest leaves, or (every third change, members.CrashTurn)
+// the oldest is killed and a replacement joins — with static members,
+// the oldest is killed and started again under its name, and the change
+// counts how many of its partitions another member ran meanwhile.
+func stormChange(ctx context.Context, g *members.Group, n int, static bool, own *owners, prefix string) (Change, error) {
+	t := time.Now()
+	c := Change{}
+	var err error
+	switch {
+	case members.CrashTurn(n) && static:
+		c.What = "restart"
+		var m members.Member
+		if m, err = g.Restart(ctx); err == nil && m != nil {
+			held := own.lastHeld(prefix + m.Name())
+			c.Held = len(held)
+			if moved, ok := own.retaken(ctx, prefix+m.Name(), held, t, 30*time.Second); ok {
+				c.Moved = &moved
+			}
+		}
+	case members.CrashTurn(n):
+		c.What = "kill"
+		if _, err = g.Crash(); err == nil {
+			_, err = g.Start(ctx)
+		}
+	case n%3 == 1:
+		c.What = "join"
+		_, err = g.Start(ctx)
+	default:
+		c.What = "leave"
+		_, err = g.Leave()
+	}
+	c.Took = time.Since(t).Seconds()
+	return c, err
+}
+
+// stormWait waits for a storm's next change: t's next tick when the
+// storm is paced by time (t not nil), else until committed reaches at.
+// It returns false when stop is closed first.
+func (b *benchRun) stormWait(t *time.Ticker, committed *atomic.Int64, at int64, stop <-chan struct{}) bool {
+	if t != nil {
+		select {
+		case <-stop:
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for committed.Load() < at {
+		select {
+		case <-stop:
+			return false
+		case <-poll.C:
+		}
+	}
+	return true
+}
+
+// consume runs a group of Config.Members members over g.schema until
+// they have committed g.want records (the group's stored offsets),
+// sampling into g.r.Series, and returns the records committed and when
+// the batch that completed them committed. With g.storm the group's
+// membership changes (stormChange) once the first record is committed,
+// then as Config.StormEvery says (spread over the stream, or by time),
+// StormChanges times at most, appended to g.r.Changes; the run has at
+// least one change (one that would come after the last record is waited
+// for), and g.r.StormShort says when the stream was consumed before the
+// last. Every member is stopped, and the
+// storm's goroutine has returned, when consume returns. It returns with
+// an error when ctx ends or nothing is committed for stallAfter.
+func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, error) {
+	grp := members.NewGroup(b.starter(g))
 	defer func() {
-		_ = g.StopAll()
-		st.mu.Lock()
-		st.members = st.members.Plus(g.Stats())
-		st.mu.Unlock()
+		_ = grp.StopAll()
+		g.st.mu.Lock()
+		g.st.members = g.st.members.Plus(grp.Stats())
+		g.st.mu.Unlock()
 	}()
-	*series = append(*series, Sample{Seconds: time.Since(start).Seconds(), Applied: st.applied.Load()}) // the group has committed nothing
+	r := g.r
+	r.Series = append(r.Series, Sample{Seconds: time.Since(g.start).Seconds(), Applied: g.st.applied.Load()}) // the group has committed nothing
 	for range b.cfg.Members {
-		if _, err := g.Start(ctx); err != nil {
+		if _, err := grp.Start(ctx); err != nil {
 			return 0, time.Time{}, err
 		}
 	}
@@ -222,38 +339,50 @@ func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, grou
 	stopStorm := make(chan struct{})
 	stormDone := make(chan error, 1)
 	var churning atomic.Bool
-	var made atomic.Int64 // changes made
-	if storm {
+	var made atomic.Int64      // changes made
+	var committed atomic.Int64 // records committed at the latest sample
+	if g.storm {
+		r.StormPlanned = b.cfg.StormChanges
 		go func() {
-			select {
-			case <-first:
-			case <-stopStorm:
-				stormDone <- nil
-				return
-			}
-			t := time.NewTicker(b.cfg.StormEvery)
-			defer t.Stop()
+			var t *time.Ticker
 			for n := 1; ; n++ {
+				// The first change waits for the first commit; then a
+				// tick of StormEvery, or the stream's share.
+				if n == 1 || t == nil {
+					select {
+					case <-first:
+					case <-stopStorm:
+						stormDone <- nil
+						return
+					}
+				}
+				if n == 1 && b.cfg.StormEvery > 0 {
+					t = time.NewTicker(b.cfg.StormEvery)
+					defer t.Stop()
+				}
+				if n > 1 || t == nil {
+					if !b.stormWait(t, &committed, max(1, int64(n)*g.want/int64(b.cfg.StormChanges+1)), stopStorm) {
+						stormDone <- nil
+						return
+					}
+				}
+				at := time.Since(g.start).Seconds()
 				churning.Store(true)
-				crashed, err := g.Churn(ctx, n)
+				c, err := stormChange(ctx, grp, n, g.static, g.own, g.prefix)
 				churning.Store(false)
+				c.Seconds = at
+				b.mu.Lock()
+				r.Changes = append(r.Changes, c)
+				b.mu.Unlock()
 				if err != nil {
 					stormDone <- err
 					return
 				}
-				what := "join+leave"
-				if crashed {
-					what = "join+crash"
-				}
-				b.mu.Lock()
-				*changes = append(*changes, Change{Seconds: time.Since(start).Seconds(), What: what})
-				b.mu.Unlock()
 				made.Add(1)
-				select {
-				case <-stopStorm:
+				if n >= b.cfg.StormChanges {
+					<-stopStorm
 					stormDone <- nil
 					return
-				case <-t.C:
 				}
 			}
 		}()
@@ -280,30 +409,34 @@ func (b *benchRun) consume(ctx context.Context, pool *pgxpool.Pool, schema, grou
 		case <-tick.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := members.Committed(qctx, pool, schema, group)
+		n, err := members.Committed(qctx, g.pool, g.schema, g.group)
 		cancel()
 		if err != nil {
 			return 0, time.Time{}, err
 		}
+		committed.Store(n)
 		if n > 0 {
 			firstOnce.Do(func() { close(first) })
 		}
-		el := time.Since(start)
-		applied := st.applied.Load()
-		*series = append(*series, Sample{Seconds: el.Seconds(), Committed: n, Applied: applied})
-		b.line.set("  %s: %d/%d records committed, %.0f events applied/s", label, n, want,
+		el := time.Since(g.start)
+		applied := g.st.applied.Load()
+		r.Series = append(r.Series, Sample{Seconds: el.Seconds(), Committed: n, Applied: applied})
+		b.line.set("  %s: %d/%d records committed, %.0f events applied/s", g.label, n, g.want,
 			float64(applied)/float64(max(len(b.names), 1))/el.Seconds())
-		if n >= want && (!storm || made.Load() > 0) {
+		if n >= g.want && (!g.storm || made.Load() > 0) {
 			end := time.Now()
-			if l := st.last.Load(); l > 0 {
+			if l := g.st.last.Load(); l > 0 {
 				end = time.Unix(0, l)
+			}
+			if g.storm && made.Load() < int64(b.cfg.StormChanges) {
+				r.StormShort = true
 			}
 			return n, end, stop()
 		}
 		if n != last {
 			last, lastAt = n, time.Now()
 		} else if time.Since(lastAt) > stallAfter && !churning.Load() {
-			return 0, time.Time{}, fmt.Errorf("%s: no record committed for %v (%d of %d): the members are stuck; see the log", label, stallAfter, n, want)
+			return 0, time.Time{}, fmt.Errorf("%s: no record committed for %v (%d of %d): the members are stuck; see the log", g.label, stallAfter, n, g.want)
 		}
 	}
 }

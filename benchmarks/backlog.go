@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -139,7 +138,7 @@ type BacklogReport struct {
 	Problems      []string   `json:"problems"`
 	BySize        []SizeRate `json:"by_size"`
 	HoldRatio     float64    `json:"hold_ratio"` // last span's events/s over the first's
-	RawCopy       *Run       `json:"raw_copy,omitempty"`
+	RawCopy       *RawCopy   `json:"raw_copy,omitempty"`
 	// RatioRawCopy is the member's median span rate over the raw copy's,
 	// which writes on top of the tables the member left.
 	RatioRawCopy float64 `json:"ratio_to_raw_copy,omitempty"`
@@ -175,8 +174,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	if err != nil {
 		return err
 	}
-	b := &bench{o: o.options}
-	e, err := b.newEnv(ctx, "backlog")
+	e, err := newEnv(ctx, o.options, "backlog")
 	if err != nil {
 		return fmt.Errorf("postgres or kafka (start them with infra/postgres.sh start, infra/kafka.sh start): %w", err)
 	}
@@ -216,7 +214,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	progress("backlog: %d records (%d unique events) on %s in %.0fs", rep.Records, rep.UniqueEvents, e.topic, rep.ProduceSecs)
 	stream.Messages = nil // the check needs only the events
 
-	if err := b.runMember(ctx, o, rep, e, bin, ends); err != nil {
+	if err := runMember(ctx, o, rep, e, bin, ends); err != nil {
 		rep.BySize = bySize(rep.Samples, len(o.handlers), o.spans)
 		if werr := writeBacklog(o.out, rep); werr == nil { // the samples so far
 			progress("backlog: the samples so far are in %s", filepath.Join(o.out, "results.json"))
@@ -236,7 +234,7 @@ func runBacklog(ctx context.Context, o backlogOptions) error {
 	progress("backlog: exactly once: %v %v", rep.ExactlyOnce, rep.Problems)
 
 	if o.rawCopy {
-		if rep.RawCopy, err = b.rawCopyOn(ctx, e, o, events); err != nil {
+		if rep.RawCopy, err = rawCopyOn(ctx, e, o, events); err != nil {
 			return fmt.Errorf("raw copy: %w", err)
 		}
 		if rep.RawCopy.UniqueEventsPerSec > 0 {
@@ -289,7 +287,7 @@ func readReference(path string) (*Reference, error) {
 // runMember runs one onceflow member on e until every record of the
 // backlog is committed, sampling it every o.sampleEvery, and stops it.
 // ends is the offset after each partition's last record.
-func (b *bench) runMember(ctx context.Context, o backlogOptions, rep *BacklogReport, e *env, bin string, ends map[int32]int64) error {
+func runMember(ctx context.Context, o backlogOptions, rep *BacklogReport, e *env, bin string, ends map[int32]int64) error {
 	env := []string{
 		"ONCEFLOW_KAFKA_BROKERS=" + strings.Join(e.brokers, ","),
 		"ONCEFLOW_KAFKA_TOPICS=" + e.topic,
@@ -451,49 +449,6 @@ func checkViews(ctx context.Context, e *env, maxEmailID int64) (schema string, c
 
 // rawCopyBus marks the raw copy's processed_events rows in a backlog run.
 const rawCopyBus = "raw-copy"
-
-// rawCopyOn runs the raw-copy baseline on e's tables as the member left
-// them (the pre-fill and the run's rows): fresh unique events (another
-// seed), the same ids kind, written as rawCopy writes them. Its check
-// counts its own processed_events rows (bus raw-copy) and emails_sent
-// rows; the counters are shared with the run and not checked.
-func (b *bench) rawCopyOn(ctx context.Context, e *env, o backlogOptions, backlogEvents int) (*Run, error) {
-	n := o.rawEvents
-	if n == 0 {
-		n = backlogEvents
-	}
-	stream, err := orders.Generate(n, 0, o.seed+1)
-	if err != nil {
-		return nil, err
-	}
-	if o.ids == "v7" {
-		if stream, err = timeOrdered(stream); err != nil {
-			return nil, err
-		}
-	}
-	var maxEmailID int64
-	if err := e.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM `+pgx.Identifier{e.schema, "emails_sent"}.Sanitize()).Scan(&maxEmailID); err != nil {
-		return nil, err
-	}
-	d, err := b.directOn(e, stream, true)
-	if err != nil {
-		return nil, err
-	}
-	d.check = func(ctx context.Context, unique map[uuid.UUID]orders.Order, handlers ...string) (orders.Report, error) {
-		return rawCopyCheck(ctx, e.pool, e.schema, maxEmailID, len(unique), handlers)
-	}
-	progress("raw-copy: %d unique events by COPY into the same tables", n)
-	write, err := d.rawCopyWrite(ctx, rawCopyBus)
-	if err != nil {
-		return nil, err
-	}
-	r, err := d.run(ctx, "raw-copy", write)
-	if err != nil {
-		return nil, err
-	}
-	progress("raw-copy: %.0f events/s; rows as expected: %v", r.UniqueEventsPerSec, r.ExactlyOnce)
-	return r, nil
-}
 
 // rawCopyCheck checks the raw copy's own rows in tables it shares: one
 // processed_events row per event and handler, one email per event.

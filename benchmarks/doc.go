@@ -1,103 +1,38 @@
-// Command benchmarks measures onceflow end to end: throughput while the
-// consumer group rebalances and replays, against baselines on the same data
-// and handlers, with a correctness check from the tables after every run.
+// Command benchmarks runs onceflow's experiments: measurements that are
+// not the scenario benchmark. The scenario benchmark — the seed's orders
+// consumed under steady, storm and replay, against the effects-only and
+// raw-copy baselines, every run checked exactly once from the tables —
+// is `onceflow bench` (package bench) on the demo's configs, the same
+// command users run on theirs:
 //
-//	go run ./benchmarks -short              # under 2 minutes; what make bench and CI run
-//	go run ./benchmarks -rounds 3           # the full run behind the README's figures (make bench-full)
-//	go run ./benchmarks -brokers 127.0.0.1:19092   # against a real Kafka instead of kfake
+//	make build
+//	bin/onceflow bench --config benchmarks/demo.yaml --sample benchmarks/orders.jsonl   # emailHandler
+//	bin/onceflow bench --config benchmarks/demo-4handlers.yaml --sample benchmarks/orders.jsonl   # the four
 //
-// Scenarios (the topic is pre-loaded with the seed's orders, duplicates
-// included, then consumed by -members group members):
+// (make bench runs it short; make bench-full is the README's figures).
+// benchmarks/orders.jsonl is the seed's orders, as internal/orders
+// generates them (TestDemoSampleIsTheSeedsOrders keeps them so).
 //
-//   - steady: no membership change;
-//   - storm: a storm is its membership changes, not its events: it makes
-//     -storm-changes of them (12), one every -storm-every (a change due
-//     while another runs starts when that one returns): a member joins, the
-//     oldest leaves, and every third change kills the oldest and starts a
-//     replacement. Its backlog is sized so that the stream outlasts the
-//     changes: -events, or, when more, twice the changes' span at the steady
-//     run's rate of the same protocol (steady runs first; 5 M events at
-//     most). On the real broker 500 000 events once drained in 5 s, in
-//     which a storm of one change every 2 s saw two. If the stream still
-//     runs out before the last change, the run says so (storm_short, and
-//     "the stream ran out first" in results.md). -crash kill (the default,
-//     processor.Consumer.Kill) stops a member as SIGKILL would: no commit,
-//     no leave, its partitions wait for the 3s session timeout; -crash
-//     abort (processor.Consumer.Abort, the crash of results before
-//     562cb71) rolls its transactions back and its client leaves the group
-//     as it closes. Under -group-protocol consumer (KIP-848; classic by
-//     default) the session timeout a killed member's partitions wait for
-//     is the broker's group.consumer.session.timeout.ms (45s by default,
-//     3s on infra/kafka.sh's broker and the embedded kfake). With
-//     -instance-id the storm's members are static (kafka.instance_id
-//     bench-member-N) and its crashes are restarts: the member is killed
-//     and started again under its id at once; each restart's mark counts
-//     the partitions the member ran (held) and how many of them another
-//     member ran before the restart took them back (moved: 0 is static
-//     membership working). A static member's leave keeps its partitions
-//     for the session timeout. kfake never expires a static member that
-//     left under the consumer protocol, so -instance-id with consumer
-//     needs -brokers;
-//   - replay: half-way, the group is stopped, its Kafka and Postgres
-//     offsets are rewound to the start, and it runs again: every record
-//     is read twice, and the second pass must apply nothing.
+//	go run ./benchmarks backlog [flags]     # one onceflow run process draining a backlog (make bench-backlog, make bench-sustained)
+//	go run ./benchmarks retention [flags]   # processed_events under dedup.retention (make bench-retention)
 //
-// -group-protocol classic,consumer runs the scenarios under each protocol
-// in turn, round by round, in one results file: the runs are named
-// steady-classic, storm-consumer..., and results.md has a table of the
-// protocols side by side (results.json "protocols"): each scenario's
-// median rate and its ratio to steady; the storm's changes by kind and
-// its median recovery after a change (over the rounds); how long
-// partitions waited with no owner (a worker stopped on one member until
-// one started on any member, polled every 20 ms: the storm's, and the
-// replay's, which include its stop and rewind); the replay's recovery
-// from its restart (the time from the group's start after the rewind
-// until the applied rate is back at 90 % of the rate before the stop,
-// median over the rounds); with -instance-id, the partitions moved.
+// Why these are experiments and not scenarios of onceflow bench: they
+// measure onceflow itself, not a user's handlers, in ways a benchmark of
+// the user's config cannot. backlog runs the built binary as a separate
+// process, from outside (its /metrics, its /proc status: the peak RSS of
+// one member, which an in-process group of members cannot give), on a
+// backlog produced before it starts; with -prefill (the "sustained"
+// runs) it writes tens of millions of rows straight into onceflow's
+// dedup layout and the demo's emails_sent first — hours of a machine,
+// gigabytes of disk, and knowledge of the demo's tables. retention writes
+// through sink.Writer with no Kafka at a horizon of seconds, to watch
+// processed_events' slices being dropped: a property of onceflow's dedup
+// table, the same whatever the handlers.
 //
-//	go run ./benchmarks -brokers 127.0.0.1:19092 -group-protocol classic,consumer -rounds 3 -events 300000 \
-//	    -storm-every 1s -storm-changes 12 -baselines=false -out benchmarks/results/protocols
-//
-// Baselines: raw-copy (what Postgres can write for the same effects by the
-// cheapest path: the unique events' processed_events and emails_sent rows
-// by binary COPY, the counters by set-based upserts, no dedup, no Kafka,
-// no offsets; every scenario's ratio to it is in results.json "ratios"),
-// ceiling (the same rows written by sink.Writer with no Kafka),
-// per-record transactions with dedup (the pipeline with one-record
-// batches) and a naive per-record consumer (each handler's write
-// autocommitted, no dedup: at-least-once, so duplicates double effects).
-//
-// Each run starts right after a CHECKPOINT (when the role may: it needs
-// pg_checkpoint), so that runs writing the same WAL meet the server's
-// checkpoints at the same places; the checkpoints begun during a run are
-// reported. -rounds N runs the scenarios, raw-copy and ceiling N times,
-// round by round, and reports each one's median run with every round's
-// rate (rates move 10–20 % between identical runs on a small machine).
-//
-// Output, in -out: results.json, results.md, and throughput-<scenario>.png
-// (unique events applied per second over time, membership changes marked).
-//
-// # Where a batch's time goes
-//
-// -spans traces the members in this process with an OpenTelemetry SDK
-// TracerProvider that exports nothing: a SpanProcessor keeps each ended
-// span's duration by name (the processor's onceflow.batch, sink's
-// dedup.claim, "handler <name>", sink.offset_cas, sink.commit, and every
-// pgx call through otelpgx, named "query INSERT emails_sent", "batch
-// query SELECT pg_advisory_xact_lock_shared", "pool.acquire"...). Each
-// scenario's results.json run then has span_stats (count, mean, p50, p95,
-// total, and the total per batch), cpu (this process's CPU time, the
-// run's Postgres backends', the server's background processes', the
-// broker's with -broker-pid, and the machine's), pg_tables
-// (pg_stat_user_tables and pg_statio_user_tables of the run's schema) and
-// wal (pg_stat_wal, the whole cluster's); results.md has them as tables.
-// -cpuprofile writes a CPU profile of this process during the scenario
-// -cpuprofile-of names (steady by default; replay-reread: only the
-// replay's re-read of the half it had applied). benchmarks/PROFILE.md is
-// what they showed.
-//
-//	go run ./benchmarks -events 200000 -scenarios steady -baselines=false -spans -cpuprofile cpu.prof
-//	go run ./benchmarks -brokers 127.0.0.1:19092 -scenarios replay -baselines=false -cpuprofile reread.prof -cpuprofile-of replay-reread
+// Results produced by the program this command was before (go run
+// ./benchmarks -rounds 5 ..., its scenario runner since replaced by
+// onceflow bench) keep that command in their results.md: they are
+// history, indexed in benchmarks/HISTORY.md.
 //
 // # Backlog and sustained runs
 //
@@ -114,8 +49,8 @@
 // member's /metrics), the sizes of processed_events' heap and indexes
 // and of emails_sent, and the member's VmRSS; VmHWM once the last record
 // is committed. Then orders.Check (through views that leave the pre-fill
-// out), then raw-copy on the same tables: fresh events by binary COPY, as
-// the main benchmark's raw-copy writes them. The rate against table size
+// out), then a raw copy on the same tables: fresh events by binary COPY
+// (rawCopyOn), the reference on large tables. The rate against table size
 // is given per span of equal table growth, between the first applied
 // batch and the first partition done (start-up and tail left out);
 // -reference names the results.json of an earlier run (the empty-table

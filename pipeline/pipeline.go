@@ -233,7 +233,8 @@ func traced(tp trace.TracerProvider) bool {
 
 // Runner runs one member of a consumer group and its Postgres side: see
 // the package doc. Create it with New and run it once with Run; Ready,
-// Stats and Abort are safe to call at any time, concurrently with Run.
+// Stats, Partitions, Abort and Kill are safe to call at any time,
+// concurrently with Run.
 type Runner struct {
 	cfg     Config
 	poolCfg *pgxpool.Config // parsed Config.DSN; nil with Config.Pool
@@ -242,6 +243,7 @@ type Runner struct {
 
 	mu       sync.Mutex
 	aborted  bool
+	killed   bool                // Kill, not Abort: the consumer never leaves the group
 	stopWait context.CancelFunc  // ends Run's wait for Postgres; nil before Run
 	consumer *processor.Consumer // set once Postgres is ready and migrated
 }
@@ -376,8 +378,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	r.consumer, aborted = c, r.aborted
+	killed := r.killed
 	r.mu.Unlock()
-	if aborted {
+	switch {
+	case killed:
+		c.Kill() // Kill came between the wait and now: Run returns at once
+	case aborted:
 		c.Abort() // Abort came between the wait and now: Run returns at once
 	}
 	if r.cfg.Retention > 0 {
@@ -422,6 +428,37 @@ func (r *Runner) Stats() processor.Stats {
 		return processor.Stats{}
 	}
 	return c.Stats()
+}
+
+// Partitions returns the state of every partition the member runs a
+// worker for now (processor.Consumer.Partitions); nil before Run has its
+// consumer.
+func (r *Runner) Partitions() []processor.PartitionState {
+	r.mu.Lock()
+	c := r.consumer
+	r.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return c.Partitions()
+}
+
+// Kill stops Run as a SIGKILL would: as Abort, and the member never
+// leaves the group (processor.Consumer.Kill): its partitions stay
+// assigned to it until the group's session timeout expires. Before Run
+// has its consumer, Kill is Abort. Kill is safe to call at any time and
+// more than once.
+func (r *Runner) Kill() {
+	r.mu.Lock()
+	r.aborted, r.killed = true, true
+	c, stopWait := r.consumer, r.stopWait
+	r.mu.Unlock()
+	if stopWait != nil {
+		stopWait()
+	}
+	if c != nil {
+		c.Kill()
+	}
 }
 
 // Abort stops Run as a crash would: in-flight transactions roll back (a

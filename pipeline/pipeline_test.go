@@ -215,7 +215,7 @@ func TestRunFailsOnPostgresConfiguration(t *testing.T) {
 // While Postgres does not answer, Run waits, Ready says so, and Abort (or
 // the context's end) makes Run return nil.
 func TestRunWaitsForPostgresUntilAbort(t *testing.T) {
-	for _, stop := range []string{"abort", "cancel"} {
+	for _, stop := range []string{"abort", "kill", "cancel"} {
 		t.Run(stop, func(t *testing.T) {
 			r, err := pipeline.New(pipeline.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"t"}, Group: "g",
 				DSN: "postgres://u@127.0.0.1:1/db?connect_timeout=1", Handlers: []sink.Handler{sink.HandlerFunc("h", noop)}})
@@ -234,9 +234,15 @@ func TestRunWaitsForPostgresUntilAbort(t *testing.T) {
 				t.Fatalf("Run returned %v while Postgres is down, want it to wait", err)
 			case <-time.After(300 * time.Millisecond):
 			}
-			if stop == "abort" {
+			if r.Partitions() != nil {
+				t.Errorf("Partitions while waiting = %v, want none", r.Partitions())
+			}
+			switch stop {
+			case "abort":
 				r.Abort()
-			} else {
+			case "kill":
+				r.Kill()
+			default:
 				cancel()
 			}
 			select {

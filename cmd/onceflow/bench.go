@@ -1,19 +1,24 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/onceflow/onceflow/bench"
 	"github.com/onceflow/onceflow/internal/config"
 	"github.com/onceflow/onceflow/processor"
+	schemaregistry "github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/sink"
 )
 
@@ -28,6 +33,16 @@ type benchOptions struct {
 	brokers          string
 	topic            string
 	stormEvery       time.Duration
+	stormChanges     int
+	protocols        []string
+	instanceID       bool
+	checkpoint       bool
+	cpuprofile       string
+	cpuprofileOf     string
+	formats          []string
+	avroSchema       string
+	protobufSchema   string
+	schemaRegistry   string
 	pool             int
 	seed             uint64
 	keep             bool
@@ -50,7 +65,10 @@ stream through the pipeline run uses, in a consumer group of --members
 members, and measures unique events per second in each scenario:
 
   steady   the group keeps still
-  storm    a member joins and one leaves every --storm-every (every third a crash)
+  storm    --storm-changes membership changes, spread over the stream (or one
+           every --storm-every): a member joins, the oldest leaves, and every
+           third change the oldest is killed (as SIGKILL: its partitions wait
+           for the session timeout) and a replacement joins
   replay   half-way the group stops, and a group with no stored offsets reads
            the topic again from its start: what was applied must apply nothing
 
@@ -81,6 +99,17 @@ kafka.brokers (over kafka.tls and kafka.sasl), --brokers=HOST:PORT,...
 others; on them bench creates a topic of its own and deletes it at the end,
 never the config's topics.
 
+Each run also gives its committed batches' latency (p50, p99), this
+process's peak RSS, and the checkpoints Postgres began during it
+(--checkpoint runs CHECKPOINT before each run, so that runs writing the same
+WAL meet the server's checkpoints at the same places; the role needs
+pg_checkpoint); a storm, each change's recovery time and how long partitions
+waited with no owner. --group-protocol classic,consumer runs the scenarios
+under both, side by side; --instance-id makes the storm's members static
+(a kill becomes a restart under the same id, and the partitions that moved
+meanwhile are counted). --cpuprofile FILE profiles the steady run (or
+--cpuprofile-of's).
+
 Output: a progress line on stderr, the table on stdout, results.json and
 results.md in --out; --compare OLD/results.json prints the difference.`,
 		Args: cobra.NoArgs,
@@ -100,7 +129,21 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.StringVar(&o.brokers, "brokers", "", "a real Kafka: alone, the config's kafka.brokers; =HOST:PORT,... others (default: embedded kfake)")
 	f.Lookup("brokers").NoOptDefVal = brokersFromConfig
 	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
-	f.DurationVar(&o.stormEvery, "storm-every", 2*time.Second, "time between the storm's membership changes")
+	f.DurationVar(&o.stormEvery, "storm-every", 0, "pace the storm by time: a change every this long (a stream consumed before the last change is said in the report); "+
+		"0: the changes spread evenly over the stream")
+	f.IntVar(&o.stormChanges, "storm-changes", 12, "membership changes a storm makes: joins, leaves, and every third a kill")
+	f.StringSliceVar(&o.protocols, "group-protocol", nil, "the members' group protocol, overriding kafka.group_protocol: classic or consumer; "+
+		"classic,consumer runs the scenarios under each, side by side in one report")
+	f.BoolVar(&o.instanceID, "instance-id", false, "static storm members (instance ids onceflow-bench-member-N): a kill restarts the member under its id, "+
+		"and the partitions another member ran meanwhile are counted (kafka.instance_id is not used)")
+	f.StringSliceVar(&o.formats, "formats", nil, "besides JSON, run the scenarios with the payloads in these formats too (avro, protobuf), "+
+		"encoded with --avro-schema or --protobuf-schema for --schema-registry (or a registry in this process); on the embedded Kafka")
+	f.StringVar(&o.schemaRegistry, "schema-registry", "", "with --formats: the schema registry's URL (its other settings from decode.schema_registry); empty: one in this process")
+	f.StringVar(&o.avroSchema, "avro-schema", "", "with --formats avro: the payloads' Avro schema (.avsc)")
+	f.StringVar(&o.protobufSchema, "protobuf-schema", "", "with --formats protobuf: the payloads' .proto file (its first message)")
+	f.BoolVar(&o.checkpoint, "checkpoint", false, "run CHECKPOINT before each run (the role needs pg_checkpoint), so that runs meet the server's checkpoints at the same places")
+	f.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during the first round's --cpuprofile-of run to this file (go tool pprof)")
+	f.StringVar(&o.cpuprofileOf, "cpuprofile-of", bench.Steady, "the run --cpuprofile profiles: steady, storm, replay, effects-only or raw-copy")
 	f.IntVar(&o.pool, "pool", 0, "Postgres connections of the benchmark, shared by the members and the baselines' writers (default postgres.pool_size)")
 	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads ({{now}} and the records' timestamps aside)")
 	f.BoolVar(&o.keep, "keep", false, "leave the runs' schemas for inspection")
@@ -115,7 +158,7 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 // bench's own.
 var benchBinds = slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool { return f.Name == "brokers" })
 
-func runBench(cmd *cobra.Command, o benchOptions) error {
+func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	var ps []error
 	switch {
 	case o.sample == "" && o.template == "":
@@ -126,7 +169,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"events", o.events}, {"partitions", o.partitions}, {"members", o.members}, {"rounds", o.rounds}} {
+	}{{"events", o.events}, {"partitions", o.partitions}, {"members", o.members}, {"rounds", o.rounds}, {"storm-changes", o.stormChanges}} {
 		if f.v < 1 {
 			ps = append(ps, fmt.Errorf("--%s %d: at least 1", f.name, f.v))
 		}
@@ -135,6 +178,37 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		if _, err := os.Stat(o.compare); err != nil {
 			ps = append(ps, fmt.Errorf("--compare: %w", err))
 		}
+	}
+	var protocols []processor.GroupProtocol
+	for _, p := range o.protocols {
+		gp := processor.GroupProtocol(strings.TrimSpace(p))
+		if gp != processor.ClassicProtocol && gp != processor.ConsumerProtocol {
+			ps = append(ps, fmt.Errorf("--group-protocol %q: %s, %s, or both", p, processor.ClassicProtocol, processor.ConsumerProtocol))
+			continue
+		}
+		if slices.Contains(protocols, gp) {
+			ps = append(ps, fmt.Errorf("--group-protocol: %s listed twice", gp))
+			continue
+		}
+		protocols = append(protocols, gp)
+	}
+	var formats []processor.Format
+	for _, f := range o.formats {
+		switch pf := processor.Format(strings.TrimSpace(f)); {
+		case pf == processor.FormatJSON: // always run
+		case pf != processor.FormatAvro && pf != processor.FormatProtobuf:
+			ps = append(ps, fmt.Errorf("--formats %q: avro, protobuf (json always runs)", f))
+		case slices.Contains(formats, pf):
+			ps = append(ps, fmt.Errorf("--formats: %s listed twice", pf))
+		default:
+			formats = append(formats, pf)
+		}
+	}
+	if slices.Contains(formats, processor.FormatAvro) != (o.avroSchema != "") {
+		ps = append(ps, errors.New("--formats avro and --avro-schema go together"))
+	}
+	if slices.Contains(formats, processor.FormatProtobuf) != (o.protobufSchema != "") {
+		ps = append(ps, errors.New("--formats protobuf and --protobuf-schema go together"))
 	}
 	if err := errors.Join(ps...); err != nil {
 		return err
@@ -180,7 +254,7 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		fmt.Fprintf(cmd.ErrOrStderr(), "onceflow bench: handler %s does not consume %s: left out\n", s, topic)
 	}
 	cc := a.consumerTuning("onceflow-bench")
-	cc.KafkaOptions = nil
+	cc.KafkaOptions, cc.InstanceID = nil, "" // the members are bench's own: --instance-id
 	lru := a.cfg.Dedup.LRUSize
 	if lru == 0 {
 		lru = -1
@@ -190,23 +264,53 @@ func runBench(cmd *cobra.Command, o benchOptions) error {
 		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size,
 		Brokers: brokers, Topic: topic, Payloads: payloads,
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
-		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, Seed: o.seed,
+		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
+		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
 		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
 	}
 	if len(brokers) > 0 {
 		cfg.KafkaOptions = a.kafkaSecurity
 	}
+	if len(formats) > 0 {
+		fs, stop, err := benchFormats(cmd.Context(), a.cfg.Decode, o.schemaRegistry, topic, formats, o.avroSchema, o.protobufSchema)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		cfg.Formats = fs
+	}
+	if o.cpuprofile != "" {
+		cfg.CPUProfile = io.Discard // for Validate: the file is made once the settings are good
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		cfg.CPUProfile = f
+		defer func() {
+			if cerr := f.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("--cpuprofile: %w", cerr))
+			}
+		}()
+	}
 	res, runErr := bench.Run(cmd.Context(), cfg)
 	if res == nil || len(res.Summary) == 0 {
 		return runErr
+	}
+	if res.Settings.Build == "" {
+		res.Settings.Build = checkoutBuild()
 	}
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out)
 	if err := res.WriteTable(out); err != nil {
 		return err
 	}
-	if err := res.WriteFiles(o.out, "onceflow "+strings.Join(os.Args[1:], " ")); err != nil {
+	if err := res.WriteFiles(o.out, benchCommandLine(os.Args[1:])); err != nil {
 		return errors.Join(runErr, fmt.Errorf("--out: %w", err))
 	}
 	fmt.Fprintf(out, "results: %s/results.json, %s/results.md\n", o.out, o.out)
@@ -279,4 +383,83 @@ func keptSchemas(res *bench.Results) string {
 		s = append(s, r.Schema)
 	}
 	return strings.Join(s, ", ")
+}
+
+// benchCommandLine is the command line results.md quotes, the password
+// of --dsn masked (config.RedactDSN).
+func benchCommandLine(args []string) string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		switch {
+		case a == "--dsn" && i+1 < len(out):
+			out[i+1] = config.RedactDSN(out[i+1])
+		case strings.HasPrefix(a, "--dsn="):
+			out[i] = "--dsn=" + config.RedactDSN(strings.TrimPrefix(a, "--dsn="))
+		}
+	}
+	return "onceflow " + strings.Join(out, " ")
+}
+
+// checkoutBuild names the code of a binary built without VCS stamps
+// (-buildvcs=false) from the git checkout it runs in: the commit, "+dirty"
+// when files other than benchmark results differ from it; "" outside a
+// checkout.
+func checkoutBuild() string {
+	out, err := exec.Command("git", "rev-parse", "--short=7", "HEAD").Output()
+	s := strings.TrimSpace(string(out))
+	if err != nil || s == "" {
+		return ""
+	}
+	st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--",
+		":(top)", ":(top,exclude)benchmarks/results*", ":(top,exclude)benchmarks/out").Output()
+	if err != nil || len(strings.TrimSpace(string(st))) > 0 {
+		s += "+dirty"
+	}
+	return s + " (this checkout)"
+}
+
+// benchFormats makes bench's formats: for each, an encoder that
+// registers the schema file under <topic>-bench-<format>-value, and a
+// decoder, at the registry url (with decode.schema_registry's other
+// settings: credentials, TLS), or, when url is empty, at a registry in
+// this process (franz-go's srfake), which stop closes.
+func benchFormats(ctx context.Context, d config.Decode, url, topic string, formats []processor.Format, avroFile, protoFile string) (_ []bench.Format, stop func(), err error) {
+	stop = func() {}
+	rc := schemaregistry.Config{}
+	if url != "" {
+		if rc, err = d.RegistryConfig(); err != nil {
+			return nil, stop, err
+		}
+		rc.URL = url
+	} else {
+		fake := srfake.New()
+		stop, rc.URL = fake.Close, fake.URL()
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	dec, err := schemaregistry.New(rc)
+	if err != nil {
+		return nil, stop, fmt.Errorf("decode.schema_registry: %w", err)
+	}
+	var out []bench.Format
+	for _, f := range formats {
+		src, flag := schemaregistry.Source{Kind: schemaregistry.Avro, Path: avroFile}, "--avro-schema"
+		if f == processor.FormatProtobuf {
+			src, flag = schemaregistry.Source{Kind: schemaregistry.Protobuf, Path: protoFile}, "--protobuf-schema"
+		}
+		b, err := os.ReadFile(src.Path)
+		if err != nil {
+			return nil, stop, fmt.Errorf("%s: %w", flag, err)
+		}
+		src.Text = string(b)
+		enc, err := schemaregistry.NewEncoder(ctx, rc, topic+"-bench-"+string(f)+"-value", src)
+		if err != nil {
+			return nil, stop, fmt.Errorf("%s: %w", flag, err)
+		}
+		out = append(out, bench.Format{Name: f, Encoder: enc, Decoder: dec})
+	}
+	return out, stop, nil
 }

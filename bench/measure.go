@@ -1,0 +1,169 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// percentileMs is the q-quantile (0 to 1) of ds, in milliseconds; 0 for
+// none.
+func percentileMs(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return float64(s[min(len(s)-1, int(q*float64(len(s))))]) / float64(time.Millisecond)
+}
+
+// recoveryShare is the share of the rate before a membership change that
+// counts as recovered.
+const recoveryShare = 0.9
+
+// recoveryWindow is the span, in seconds, over which the rate after a
+// change is measured; the window lies wholly after the change, so it is
+// also the shortest recovery that can be measured.
+const recoveryWindow = 0.5
+
+// recovery measures, for each change, the time until the applied rate
+// over the last recoveryWindow is back to recoveryShare of the rate of
+// the two seconds before the change, and sets the change's RecoveryMs. A
+// change after which the rate never gets back (the end of the stream
+// came first), or before which nothing was applied, is left out of the
+// median and the maximum it returns (0, 0 when none is measured).
+func recovery(series []Sample, changes []Change) (median, maxMs float64) {
+	// rate is the applied rate over the samples in (t-d, t] ending at i.
+	rate := func(i int, d float64) (float64, bool) {
+		j := i
+		for j > 0 && series[j-1].Seconds > series[i].Seconds-d {
+			j--
+		}
+		if j == 0 || series[i].Seconds-series[j-1].Seconds < d/2 {
+			return 0, false
+		}
+		dt := series[i].Seconds - series[j-1].Seconds
+		return float64(series[i].Applied-series[j-1].Applied) / dt, true
+	}
+	var rs []float64
+	for ci := range changes {
+		c := &changes[ci]
+		last, after := -1, -1
+		for i, s := range series {
+			if s.Seconds <= c.Seconds {
+				last = i
+			} else if after < 0 {
+				after = i
+			}
+		}
+		if last < 0 || after < 0 {
+			continue
+		}
+		before, ok := rate(last, 2)
+		if !ok || before == 0 {
+			continue
+		}
+		for i := after; i < len(series); i++ {
+			if v, ok := rate(i, recoveryWindow); ok && series[i].Seconds-recoveryWindow >= c.Seconds && v >= recoveryShare*before {
+				c.RecoveryMs = (series[i].Seconds - c.Seconds) * 1000
+				rs = append(rs, c.RecoveryMs)
+				break
+			}
+		}
+	}
+	if len(rs) == 0 {
+		return 0, 0
+	}
+	slices.Sort(rs)
+	return rs[len(rs)/2], rs[len(rs)-1]
+}
+
+// resetPeakRSS clears the kernel's peak-RSS mark of this process (Linux;
+// elsewhere it does nothing and peakRSSMiB reads 0).
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+// peakRSSMiB is this process's peak resident set since resetPeakRSS
+// (VmHWM), in MiB; 0 where /proc is not.
+func peakRSSMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				return 0
+			}
+			kb, _ := strconv.ParseFloat(f[0], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// checkpoints returns how many checkpoints the server has begun, timed or
+// requested, since its statistics were reset.
+func checkpoints(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&n)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column: PostgreSQL 17 moved them
+		err = pool.QueryRow(ctx, `SELECT num_timed + num_requested FROM pg_stat_checkpointer`).Scan(&n)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the checkpoints begun: %w", err)
+	}
+	return n, nil
+}
+
+// checkpointCounted waits until the checkpoints begun exceed before — the
+// checkpointer counts a requested checkpoint after the CHECKPOINT that
+// asked for it has returned — and returns the new count, so that the
+// benchmark's own checkpoint does not count as one begun during the run.
+// After two seconds it takes before + 1.
+func checkpointCounted(ctx context.Context, pool *pgxpool.Pool, before int64) (int64, error) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n, err := checkpoints(ctx, pool)
+		if err != nil || n > before {
+			return n, err
+		}
+		if time.Now().After(deadline) {
+			return before + 1, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// checkpoint runs CHECKPOINT, so that a run starts where every run
+// starts in the server's checkpoint cycle: right after one. A large run
+// writes more WAL than max_wal_size's default of 1 GB, so the server
+// checkpoints during runs wherever its cycle falls, and a checkpoint
+// taxes the writes after it with full-page images (every index page of a
+// random uuid key touched again). Started from a checkpoint, runs of the
+// same WAL meet theirs at the same places. ok is false when the role may
+// not checkpoint (it needs pg_checkpoint, PostgreSQL 15+, or superuser).
+func checkpoint(ctx context.Context, pool *pgxpool.Pool) (ok bool, err error) {
+	_, err = pool.Exec(ctx, `CHECKPOINT`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checkpoint: %w", err)
+	}
+	return true, nil
+}

@@ -1,0 +1,181 @@
+package bench
+
+import (
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"strings"
+
+	"github.com/onceflow/onceflow/processor"
+)
+
+// ProtocolSummary compares one group protocol's scenarios: the median
+// round of each (by rate, the lower middle, as Results.Summary's).
+type ProtocolSummary struct {
+	Protocol string  `json:"protocol"`
+	Steady   float64 `json:"steady_events_per_sec,omitempty"`
+	Storm    float64 `json:"storm_events_per_sec,omitempty"`
+	Replay   float64 `json:"replay_events_per_sec,omitempty"`
+	// StormVsSteady and ReplayVsSteady are the medians' ratios.
+	StormVsSteady  float64 `json:"storm_vs_steady,omitempty"`
+	ReplayVsSteady float64 `json:"replay_vs_steady,omitempty"`
+	// StormChanges counts the median storm's changes by kind.
+	StormChanges map[string]int `json:"storm_changes,omitempty"`
+	StormShort   bool           `json:"storm_short,omitempty"`
+	// StormRecoveryMs is the median over the rounds of each storm's
+	// median recovery after a change; StormNoOwner and ReplayNoOwner the
+	// median runs' waits with no owner.
+	StormRecoveryMs float64  `json:"storm_recovery_median_ms,omitempty"`
+	StormNoOwner    *NoOwner `json:"storm_no_owner,omitempty"`
+	ReplayNoOwner   *NoOwner `json:"replay_no_owner,omitempty"`
+	// StaticMoved (Config.InstanceID): partitions of the median storm's
+	// restarted static members that another member ran meanwhile, out
+	// of StaticHeld.
+	StaticMoved *int `json:"static_moved,omitempty"`
+	StaticHeld  int  `json:"static_held,omitempty"`
+}
+
+// medianRun is the run of rs with the median rate (the lower middle).
+func medianRun(rs []RunResult) *RunResult {
+	if len(rs) == 0 {
+		return nil
+	}
+	s := slices.Clone(rs)
+	slices.SortStableFunc(s, func(a, b RunResult) int {
+		switch {
+		case a.EventsPerSec < b.EventsPerSec:
+			return -1
+		case a.EventsPerSec > b.EventsPerSec:
+			return 1
+		}
+		return 0
+	})
+	return &s[(len(s)-1)/2]
+}
+
+// summarizeProtocols compares the protocols from res's runs.
+func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []ProtocolSummary {
+	var out []ProtocolSummary
+	for _, p := range protocols {
+		s := ProtocolSummary{Protocol: string(p)}
+		runs := func(sc string) []RunResult {
+			var rs []RunResult
+			for _, r := range res.Runs {
+				if r.Scenario == sc && r.GroupProtocol == string(p) && r.Format == "" {
+					rs = append(rs, r)
+				}
+			}
+			return rs
+		}
+		if steady := medianRun(runs(Steady)); steady != nil {
+			s.Steady = steady.EventsPerSec
+		}
+		if rs := runs(Storm); len(rs) > 0 {
+			storm := medianRun(rs)
+			s.Storm, s.StormShort, s.StormNoOwner = storm.EventsPerSec, storm.StormShort, storm.NoOwner
+			var rec []float64
+			for _, r := range rs {
+				rec = append(rec, r.RecoveryMedianMs)
+			}
+			slices.Sort(rec)
+			s.StormRecoveryMs = rec[(len(rec)-1)/2]
+			s.StormChanges = map[string]int{}
+			for _, c := range storm.Changes {
+				s.StormChanges[c.What]++
+			}
+			s.StaticMoved, s.StaticHeld = storm.StaticMoved, storm.StaticHeld
+			if s.Steady > 0 {
+				s.StormVsSteady = s.Storm / s.Steady
+			}
+		}
+		if replay := medianRun(runs(Replay)); replay != nil {
+			s.Replay, s.ReplayNoOwner = replay.EventsPerSec, replay.NoOwner
+			if s.Steady > 0 {
+				s.ReplayVsSteady = s.Replay / s.Steady
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// writeProtocols writes the protocols' comparison into results.md.
+func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
+	if len(ps) == 0 {
+		return
+	}
+	b.WriteString("\n### Group protocols side by side\n\n" +
+		"| protocol | steady events/s | storm events/s (× steady) | storm changes | storm recovery median ms | storm: partition waits with no owner (n, median / max ms) | " +
+		"replay events/s (× steady) | replay: partition waits with no owner | static restarts: partitions moved / held |\n" +
+		"|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
+	for _, s := range ps {
+		var kinds []string
+		for _, k := range []string{"join", "leave", "kill", "restart"} {
+			if n := s.StormChanges[k]; n > 0 {
+				kinds = append(kinds, fmt.Sprintf("%d %s", n, k))
+			}
+		}
+		changes := strings.Join(kinds, ", ")
+		if s.StormShort {
+			changes += " (**the stream ran out first**)"
+		}
+		static := "–"
+		if s.StaticMoved != nil {
+			static = fmt.Sprintf("%d / %d", *s.StaticMoved, s.StaticHeld)
+		}
+		storm := "– | – | – | –" // not run
+		if s.Storm > 0 {
+			storm = fmt.Sprintf("%.0f (%.2f×) | %s | %.0f | %s", s.Storm, s.StormVsSteady, orDash(changes), s.StormRecoveryMs, noOwner(s.StormNoOwner))
+		}
+		replay := "– | –"
+		if s.Replay > 0 {
+			replay = fmt.Sprintf("%.0f (%.2f×) | %s", s.Replay, s.ReplayVsSteady, noOwner(s.ReplayNoOwner))
+		}
+		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", s.Protocol, s.Steady, storm, replay, static)
+	}
+	b.WriteString("\nRates and ratios are of each scenario's median round; storm recovery times are medians over the rounds. " +
+		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms); " +
+		"the replay's include its first group's stop and its second group's start.\n")
+}
+
+func noOwner(n *NoOwner) string {
+	if n == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%d, %.0f / %.0f", n.Waits, n.MedianMs, n.MaxMs)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "–"
+	}
+	return s
+}
+
+// build is the VCS revision this binary was built from ("+dirty" for a
+// modified tree), else the onceflow module's version; "" when neither is
+// known (a build with -buildvcs=false from a checkout, a test binary).
+func build() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		if v := bi.Main.Version; v != "(devel)" {
+			return v
+		}
+		return ""
+	}
+	return rev[:min(len(rev), 12)] + dirty
+}
