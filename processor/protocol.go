@@ -42,6 +42,14 @@ const (
 // as both run.
 var ErrInstanceFenced = errors.New("processor: another member joined the group with this member's instance id")
 
+// ErrInstanceHeld is what Ready returns (wrapped, naming the group and
+// the instance id) while, under ConsumerProtocol, the broker refuses this
+// member (UNRELEASED_INSTANCE_ID) because another live member holds its
+// InstanceID: it owns no partition and cannot join until that member
+// leaves or its session times out, which it goes on waiting for. Run
+// does not return it.
+var ErrInstanceHeld = errors.New("processor: another live member of the group holds this member's instance id")
+
 // CheckInstanceID returns why id cannot be a Config.InstanceID, or nil:
 // the broker holds a group.instance.id to a topic name's rules. The empty
 // id, a member that is not static, is valid.
@@ -113,11 +121,34 @@ func (h groupErrors) OnGroupManageError(err error) {
 		// Consumer protocol: a live member holds our instance id; the
 		// broker keeps refusing us until it leaves or its session
 		// expires, and franz-go keeps asking.
+		herr := fmt.Errorf("%w: %q in group %s (kafka.instance_id must differ between members); this member consumes nothing until that member leaves or its session times out",
+			ErrInstanceHeld, c.cfg.InstanceID, c.cfg.Group)
+		c.heldOut.Store(&herr)
 		if ok, held := c.repeats.allow("unreleased instance id", time.Now()); ok {
 			c.log.Error("another live member holds this member's instance id; this member consumes nothing until that member leaves or its session times out",
 				"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err, "repeated", held)
 		}
 	}
+}
+
+// instanceHeld returns the ErrInstanceHeld that the broker's last
+// refusal stored while the member has not joined since (its client has no
+// member epoch), else nil.
+func (c *Consumer) instanceHeld() error {
+	p := c.heldOut.Load()
+	if p == nil {
+		return nil
+	}
+	c.mu.Lock()
+	cl := c.cl
+	c.mu.Unlock()
+	if cl != nil {
+		if _, gen := cl.GroupMetadata(); gen > 0 { // joined since
+			c.heldOut.CompareAndSwap(p, nil)
+			return nil
+		}
+	}
+	return *p
 }
 
 // checkProtocol says, once the member has joined, which protocol the
@@ -267,10 +298,16 @@ func (c *Consumer) instanceHolder(ctx context.Context, cl *kgo.Client) (string, 
 // (UNRELEASED_INSTANCE_ID) until the session expired, its partitions then
 // going to the other members. So once franz-go's leave has ended the
 // member's heartbeats, the leave is sent again, complete.
+//
+// A member that another member replaced (its instance id held by that
+// one: refused with UNRELEASED_INSTANCE_ID, or its leave answered
+// FENCED_INSTANCE_ID) has no place of its own to leave: it says so, at
+// info, and does not send the static leave.
 func (c *Consumer) leaveGroup(ctx context.Context, cl *kgo.Client) {
 	member, _ := cl.GroupMetadata()
+	held := c.instanceHeld() != nil
 	err := cl.LeaveGroupContext(ctx)
-	if c.cfg.GroupProtocol == ConsumerProtocol && c.cfg.InstanceID != "" && member != "" {
+	if c.cfg.GroupProtocol == ConsumerProtocol && c.cfg.InstanceID != "" && member != "" && !held {
 		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 		req.Group, req.MemberID, req.MemberEpoch = c.cfg.Group, member, -2
 		req.InstanceID = kmsg.StringPtr(c.cfg.InstanceID)
@@ -278,13 +315,23 @@ func (c *Consumer) leaveGroup(ctx context.Context, cl *kgo.Client) {
 		if rerr == nil {
 			rerr = kerr.ErrorForCode(resp.ErrorCode)
 		}
-		if rerr == nil || errors.Is(rerr, kerr.UnknownMemberID) { // gone already: franz-go's leave was taken
+		switch {
+		case rerr == nil || errors.Is(rerr, kerr.UnknownMemberID): // gone already: franz-go's leave was taken
 			err = nil
-		} else {
+		case errors.Is(rerr, kerr.FencedInstanceID):
+			held = true // replaced meanwhile
+		default:
 			err = errors.Join(err, fmt.Errorf("static leave: %w", rerr))
 		}
 	}
-	if err != nil {
+	switch {
+	case held:
+		// Refused, or replaced: the group's member with this instance
+		// id is the other one, whose place is not this one's to leave.
+		// franz-go's own leave, refused as well, says nothing of use.
+		c.log.Info("another member holds this member's instance id: this member had nothing to leave",
+			"group", c.cfg.Group, "instance_id", c.cfg.InstanceID)
+	case err != nil:
 		c.log.Warn("leave group", "group", c.cfg.Group, "err", err)
 	}
 }

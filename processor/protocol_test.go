@@ -413,7 +413,9 @@ func TestDuplicateInstanceIDStopsTheFencedMember(t *testing.T) {
 // Two running members with one instance id under the consumer protocol:
 // the one that starts last replaces the other, which loses its partitions
 // (its workers stop) and, refused when it rejoins, says that another live
-// member holds its instance id. Every event is applied once.
+// member holds its instance id, and reads not ready (Ready names the
+// reason) for as long as it is refused. Its stop has nothing to leave: it
+// says so at info, with no warning. Every event is applied once.
 func TestDuplicateInstanceIDUnderConsumerProtocol(t *testing.T) {
 	eachPlainBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 2)
@@ -445,12 +447,30 @@ func TestDuplicateInstanceIDUnderConsumerProtocol(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		if err := first.c.Ready(); !errors.Is(err, processor.ErrInstanceHeld) || !strings.Contains(err.Error(), `"same"`) {
+			t.Errorf("the refused member's Ready() = %v, want an error saying another member holds its instance id", err)
+		}
+		if err := second.c.Ready(); err != nil {
+			t.Errorf("the member holding the instance id: Ready() = %v, want nil", err)
+		}
 		e.produceMessages(stream.Messages[len(stream.Messages)/2:])
 		e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
 		if got := first.c.Stats().Workers; got != 0 {
 			t.Errorf("the replaced member runs %d workers, want 0", got)
 		}
 		first.stop(t)
+		if r, ok := logs.find(slog.LevelWarn, "leave group"); ok {
+			t.Errorf("the refused member warned on its leave: %v", r)
+		}
+		if _, ok := logs.find(slog.LevelInfo, "another member holds this member's instance id: this member had nothing to leave"); !ok {
+			var said []string
+			for _, m := range logs.messages() {
+				if strings.Contains(m, "leav") {
+					said = append(said, m)
+				}
+			}
+			t.Errorf("the refused member did not say that it had nothing to leave; of leaving it said %q", said)
+		}
 		second.stop(t)
 		e.checkExactlyOnce(stream.Unique)
 	})
