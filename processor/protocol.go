@@ -189,7 +189,7 @@ func (c *Consumer) checkProtocol(ctx context.Context, cl *kgo.Client) {
 			said = state
 		}
 		every := protocolEvery
-		if state == groupUnknown { // joining: said as soon as joined
+		if _, gen := cl.GroupMetadata(); gen <= 0 { // joining: said as soon as joined
 			every = time.Second
 		}
 		select {
