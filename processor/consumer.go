@@ -129,9 +129,15 @@ type Consumer struct {
 	repeats repeats
 	// commits says each Kafka commit refused for the member's epoch once
 	// (offsets.go); fencedBy is set when another member took this one's
-	// instance id (protocol.go).
-	commits  commitNotes
-	fencedBy atomic.Pointer[error]
+	// instance id (protocol.go); refused while the group refuses this
+	// member (another live member holds its instance id, or a classic
+	// group does not take a consumer-protocol member), until it joins;
+	// groupMissing once a consumer-protocol join was answered
+	// GROUP_ID_NOT_FOUND (protocol.go).
+	commits      commitNotes
+	fencedBy     atomic.Pointer[error]
+	refused      atomic.Pointer[error]
+	groupMissing atomic.Bool
 
 	mu    sync.Mutex
 	parts map[tp]*partition // the partitions assigned to this member now
@@ -260,12 +266,22 @@ func (c *Consumer) abort(kill bool) {
 var ErrNotStarted = errors.New("kafka: not connected yet")
 
 // Ready returns nil when the brokers answered the member's last check
-// (every few seconds while Run runs), else why not.
+// (every few seconds while Run runs) and the group admits the member,
+// else why not: ErrNotStarted, the brokers' silence, ErrInstanceHeld
+// (wrapped) while, under ConsumerProtocol, the broker refuses the member
+// because another live member holds its InstanceID, why while a group
+// running the classic protocol refuses this ConsumerProtocol member, or
+// ErrInstanceFenced (wrapped) once another member took its InstanceID
+// under ClassicProtocol and Run returned.
 func (c *Consumer) Ready() error {
-	if p := c.ready.Load(); p != nil {
+	p := c.ready.Load()
+	switch {
+	case p == nil:
+		return ErrNotStarted
+	case *p != nil:
 		return *p
 	}
-	return ErrNotStarted
+	return c.refusal()
 }
 
 // PartitionLag is how far one assigned partition's worker is behind the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -41,6 +42,14 @@ const (
 // and fence the other member in turn, the two taking turns for as long
 // as both run.
 var ErrInstanceFenced = errors.New("processor: another member joined the group with this member's instance id")
+
+// ErrInstanceHeld is what Ready returns (wrapped, naming the group and
+// the instance id) while, under ConsumerProtocol, the broker refuses this
+// member (UNRELEASED_INSTANCE_ID) because another live member holds its
+// InstanceID: it owns no partition and cannot join until that member
+// leaves or its session times out, which it goes on waiting for. Run
+// does not return it.
+var ErrInstanceHeld = errors.New("processor: another live member of the group holds this member's instance id")
 
 // CheckInstanceID returns why id cannot be a Config.InstanceID, or nil:
 // the broker holds a group.instance.id to a topic name's rules. The empty
@@ -109,10 +118,18 @@ func (h groupErrors) OnGroupManageError(err error) {
 				"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err)
 		}
 		c.abort(true)
+	case errors.Is(err, kerr.GroupIDNotFound) && c.cfg.GroupProtocol == ConsumerProtocol:
+		// A classic group with members that the broker does not
+		// convert to the consumer protocol: checkProtocol asks and
+		// says so.
+		c.groupMissing.Store(true)
 	case errors.Is(err, kerr.UnreleasedInstanceID):
 		// Consumer protocol: a live member holds our instance id; the
 		// broker keeps refusing us until it leaves or its session
 		// expires, and franz-go keeps asking.
+		herr := fmt.Errorf("%w: %q in group %s (kafka.instance_id must differ between members); this member consumes nothing until that member leaves or its session times out",
+			ErrInstanceHeld, c.cfg.InstanceID, c.cfg.Group)
+		c.refused.Store(&herr)
 		if ok, held := c.repeats.allow("unreleased instance id", time.Now()); ok {
 			c.log.Error("another live member holds this member's instance id; this member consumes nothing until that member leaves or its session times out",
 				"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err, "repeated", held)
@@ -120,50 +137,149 @@ func (h groupErrors) OnGroupManageError(err error) {
 	}
 }
 
-// checkProtocol says, once the member has joined, which protocol the
-// group runs, and warns when it is not the one asked for: franz-go falls
-// back to the classic protocol when the brokers do not offer KIP-848 (a
-// Kafka before 4.0, or one with the consumer protocol disabled), and a
-// broker lets a classic member join a consumer-protocol group.
+// refusal returns why the group refused the member last (ErrInstanceHeld,
+// or a classic group refusing a consumer-protocol member) while it has
+// not joined since (its client has no member epoch), else nil.
+func (c *Consumer) refusal() error {
+	p := c.refused.Load()
+	if p == nil {
+		return nil
+	}
+	c.mu.Lock()
+	cl := c.cl
+	c.mu.Unlock()
+	if cl != nil {
+		if _, gen := cl.GroupMetadata(); gen > 0 { // joined since
+			c.refused.CompareAndSwap(p, nil)
+			return nil
+		}
+	}
+	return *p
+}
+
+// protocolEvery is how often a member asks the group's coordinator which
+// protocols the group's members use.
+const protocolEvery = 10 * time.Second
+
+// Group states checkProtocol tells apart.
+const (
+	groupUnknown  = ""         // not joined, or the coordinator did not say
+	groupSame     = "same"     // every member uses kafka.group_protocol
+	groupMixed    = "mixed"    // members use both protocols
+	groupFallback = "fallback" // asked for consumer, joined as classic
+	groupRefused  = "refused"  // a consumer member refused by a classic group
+)
+
+// checkProtocol asks the group's coordinator, every protocolEvery while
+// the member runs, which protocols the group's members use, and logs each
+// change of the answer once: the group joined (info); a group mixing
+// the classic and consumer protocols (warn, whichever joined first: Kafka
+// 4.x turns a classic group into a consumer-protocol group that keeps its
+// classic members when a consumer member joins, and lets a classic member
+// join a consumer-protocol group; a broker that may not convert the group
+// refuses the consumer member instead, which then owns nothing and reads
+// not ready); franz-go's fall back to the classic protocol when the
+// brokers do not offer KIP-848 (warn); one protocol again (info).
 func (c *Consumer) checkProtocol(ctx context.Context, cl *kgo.Client) {
+	said := groupUnknown
 	for {
-		if _, gen := cl.GroupMetadata(); gen > 0 {
-			break
+		state, attrs := c.groupProtocols(ctx, cl)
+		if state != groupUnknown && state != said {
+			c.sayProtocols(said, state, attrs)
+			said = state
+		}
+		every := protocolEvery
+		if _, gen := cl.GroupMetadata(); gen <= 0 { // joining: said as soon as joined
+			every = time.Second
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(every):
 		}
 	}
-	var running string
-	for attempt := range 5 {
-		lctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-		groups, err := kadm.NewClient(cl).ListGroups(lctx)
-		cancel()
-		if err == nil {
-			if g, ok := groups[c.cfg.Group]; ok {
-				running = g.GroupType
-				break
+}
+
+// groupProtocols describes the group and returns its state for
+// checkProtocol with the attributes its log line names.
+func (c *Consumer) groupProtocols(ctx context.Context, cl *kgo.Client) (string, []any) {
+	own := c.cfg.GroupProtocol
+	attrs := []any{"group", c.cfg.Group, "group_protocol", own}
+	_, gen := cl.GroupMetadata()
+	joined := gen > 0
+	if !joined && !(own == ConsumerProtocol && c.groupMissing.Load()) {
+		return groupUnknown, nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	adm := kadm.NewClient(cl)
+	cg, err := adm.DescribeConsumerGroups(dctx, c.cfg.Group)
+	if g, ok := cg[c.cfg.Group]; err == nil && ok && g.Err == nil && !idle(g.State) {
+		var classic, consumer int
+		for _, m := range g.Members {
+			switch m.MemberType {
+			case 0:
+				classic++
+			case 1:
+				consumer++
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Duration(attempt+1) * time.Second):
+		attrs = append(attrs, "running", ConsumerProtocol, "classic_members", classic, "consumer_members", consumer)
+		switch {
+		case !joined:
+			return groupUnknown, nil
+		case own == ClassicProtocol || classic > 0:
+			return groupMixed, attrs
+		}
+		return groupSame, attrs
+	}
+	dg, err := adm.DescribeGroups(dctx, c.cfg.Group)
+	if g, ok := dg[c.cfg.Group]; err == nil && ok && g.Err == nil && !idle(g.State) {
+		attrs = append(attrs, "running", ClassicProtocol, "classic_members", len(g.Members))
+		switch {
+		case own == ClassicProtocol:
+			return groupSame, attrs
+		case joined:
+			return groupFallback, attrs
+		}
+		// Refused (GROUP_ID_NOT_FOUND): the broker does not convert
+		// a classic group with members to this member's protocol.
+		err := fmt.Errorf("group %s runs the classic protocol and the brokers refuse this consumer-protocol member "+
+			"(they convert a group with members only where group.consumer.migration.policy allows it); give every member the same kafka.group_protocol", c.cfg.Group)
+		c.refused.Store(&err)
+		return groupRefused, attrs
+	}
+	return groupUnknown, nil
+}
+
+// sayProtocols logs checkProtocol's change of state from was to now.
+func (c *Consumer) sayProtocols(was, now string, attrs []any) {
+	switch now {
+	case groupMixed:
+		c.log.Warn("the consumer group mixes the classic and consumer protocols (a rollout from one kafka.group_protocol to the other, half done): "+
+			"Kafka runs it as a consumer-protocol group, its classic members rebalanced by rounds of joins, until its last classic member "+
+			"leaves (or its last consumer member, when it turns classic again); give every member the same kafka.group_protocol", attrs...)
+	case groupRefused:
+		c.log.Warn("the consumer group mixes the classic and consumer protocols: it runs the classic protocol and the brokers refuse "+
+			"this consumer-protocol member, which consumes nothing (they convert a group with members only where "+
+			"group.consumer.migration.policy allows it); give every member the same kafka.group_protocol", attrs...)
+	case groupFallback:
+		c.log.Warn("the consumer group runs the classic protocol, not the consumer protocol kafka.group_protocol asks for: "+
+			"the brokers do not offer it (it needs Kafka 4.0 or later with group.coordinator.rebalance.protocols including consumer)", attrs...)
+	case groupSame:
+		if was == groupUnknown {
+			c.log.Info("consumer group joined", append(attrs, "instance_id", c.cfg.InstanceID)...)
+		} else {
+			c.log.Info("the consumer group runs one protocol again", attrs...)
 		}
 	}
-	switch {
-	case running == "":
-		c.log.Info("consumer group joined; the brokers do not say which protocol it runs", "group", c.cfg.Group,
-			"group_protocol", c.cfg.GroupProtocol)
-	case running != string(c.cfg.GroupProtocol):
-		c.log.Warn("the consumer group runs another protocol than kafka.group_protocol asks for: the brokers do not offer it "+
-			"(the consumer protocol needs Kafka 4.0 or later with group.coordinator.rebalance.protocols including consumer), "+
-			"or the group already runs the other one", "group", c.cfg.Group, "group_protocol", c.cfg.GroupProtocol, "running", running)
-	default:
-		c.log.Info("consumer group joined", "group", c.cfg.Group, "group_protocol", running, "instance_id", c.cfg.InstanceID)
-	}
+}
+
+// idle reports whether a group state is one with no members: Empty, or
+// Dead (the group does not exist).
+func idle(state string) bool {
+	s := strings.ToLower(state)
+	return s == "" || s == "empty" || s == "dead"
 }
 
 // reclaimInstance, under ConsumerProtocol with an InstanceID, makes the
@@ -267,10 +383,16 @@ func (c *Consumer) instanceHolder(ctx context.Context, cl *kgo.Client) (string, 
 // (UNRELEASED_INSTANCE_ID) until the session expired, its partitions then
 // going to the other members. So once franz-go's leave has ended the
 // member's heartbeats, the leave is sent again, complete.
+//
+// A member that another member replaced (its instance id held by that
+// one: refused with UNRELEASED_INSTANCE_ID, or its leave answered
+// FENCED_INSTANCE_ID) has no place of its own to leave: it says so, at
+// info, and does not send the static leave.
 func (c *Consumer) leaveGroup(ctx context.Context, cl *kgo.Client) {
 	member, _ := cl.GroupMetadata()
+	held := errors.Is(c.refusal(), ErrInstanceHeld)
 	err := cl.LeaveGroupContext(ctx)
-	if c.cfg.GroupProtocol == ConsumerProtocol && c.cfg.InstanceID != "" && member != "" {
+	if c.cfg.GroupProtocol == ConsumerProtocol && c.cfg.InstanceID != "" && member != "" && !held {
 		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 		req.Group, req.MemberID, req.MemberEpoch = c.cfg.Group, member, -2
 		req.InstanceID = kmsg.StringPtr(c.cfg.InstanceID)
@@ -278,13 +400,23 @@ func (c *Consumer) leaveGroup(ctx context.Context, cl *kgo.Client) {
 		if rerr == nil {
 			rerr = kerr.ErrorForCode(resp.ErrorCode)
 		}
-		if rerr == nil || errors.Is(rerr, kerr.UnknownMemberID) { // gone already: franz-go's leave was taken
+		switch {
+		case rerr == nil || errors.Is(rerr, kerr.UnknownMemberID): // gone already: franz-go's leave was taken
 			err = nil
-		} else {
+		case errors.Is(rerr, kerr.FencedInstanceID):
+			held = true // replaced meanwhile
+		default:
 			err = errors.Join(err, fmt.Errorf("static leave: %w", rerr))
 		}
 	}
-	if err != nil {
+	switch {
+	case held:
+		// Refused, or replaced: the group's member with this instance
+		// id is the other one, whose place is not this one's to leave.
+		// franz-go's own leave, refused as well, says nothing of use.
+		c.log.Info("another member holds this member's instance id: this member had nothing to leave",
+			"group", c.cfg.Group, "instance_id", c.cfg.InstanceID)
+	case err != nil:
 		c.log.Warn("leave group", "group", c.cfg.Group, "err", err)
 	}
 }

@@ -413,7 +413,9 @@ func TestDuplicateInstanceIDStopsTheFencedMember(t *testing.T) {
 // Two running members with one instance id under the consumer protocol:
 // the one that starts last replaces the other, which loses its partitions
 // (its workers stop) and, refused when it rejoins, says that another live
-// member holds its instance id. Every event is applied once.
+// member holds its instance id, and reads not ready (Ready names the
+// reason) for as long as it is refused. Its stop has nothing to leave: it
+// says so at info, with no warning. Every event is applied once.
 func TestDuplicateInstanceIDUnderConsumerProtocol(t *testing.T) {
 	eachPlainBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 2)
@@ -445,13 +447,107 @@ func TestDuplicateInstanceIDUnderConsumerProtocol(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		if err := first.c.Ready(); !errors.Is(err, processor.ErrInstanceHeld) || !strings.Contains(err.Error(), `"same"`) {
+			t.Errorf("the refused member's Ready() = %v, want an error saying another member holds its instance id", err)
+		}
+		if err := second.c.Ready(); err != nil {
+			t.Errorf("the member holding the instance id: Ready() = %v, want nil", err)
+		}
 		e.produceMessages(stream.Messages[len(stream.Messages)/2:])
 		e.waitProcessed(int64(len(stream.Unique)), 60*time.Second)
 		if got := first.c.Stats().Workers; got != 0 {
 			t.Errorf("the replaced member runs %d workers, want 0", got)
 		}
 		first.stop(t)
+		if r, ok := logs.find(slog.LevelWarn, "leave group"); ok {
+			t.Errorf("the refused member warned on its leave: %v", r)
+		}
+		if _, ok := logs.find(slog.LevelInfo, "another member holds this member's instance id: this member had nothing to leave"); !ok {
+			var said []string
+			for _, m := range logs.messages() {
+				if strings.Contains(m, "leav") {
+					said = append(said, m)
+				}
+			}
+			t.Errorf("the refused member did not say that it had nothing to leave; of leaving it said %q", said)
+		}
 		second.stop(t)
 		e.checkExactlyOnce(stream.Unique)
 	})
+}
+
+// A group whose members use both protocols (a deploy half rolled from one
+// to the other) is warned about whichever protocol joined first: on
+// Kafka 4.1 a consumer-protocol member turns a classic group into a
+// consumer-protocol group that keeps its classic members (the broker's
+// online upgrade), and a classic member joins a consumer-protocol group
+// the same way; kfake refuses the consumer member of a classic group
+// instead. The warning is one line naming the group and both protocols,
+// and says what to do.
+func TestMixedProtocolGroupIsWarned(t *testing.T) {
+	for _, first := range []processor.GroupProtocol{processor.ClassicProtocol, processor.ConsumerProtocol} {
+		second := processor.ConsumerProtocol
+		if first == second {
+			second = processor.ClassicProtocol
+		}
+		t.Run(string(first)+"-first", func(t *testing.T) {
+			eachPlainBroker(t, func(t *testing.T, b broker) {
+				e := newEnv(t, b, 4)
+				logs := &logRecorder{}
+				cfg := e.protocolConfig("first", first, "")
+				cfg.Logger = slog.New(logs)
+				m1 := e.start(cfg, e.writer(100))
+				waitWorkers(t, 4, 60*time.Second, m1)
+				// The first member has checked the group's protocol
+				// before the second comes.
+				deadline := time.Now().Add(60 * time.Second)
+				for {
+					if _, ok := logs.find(slog.LevelInfo, "consumer group joined"); ok {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the first member did not say it joined; it said %q", logs.messages())
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				logs2 := &logRecorder{}
+				cfg = e.protocolConfig("second", second, "")
+				cfg.Logger = slog.New(logs2)
+				m2 := e.start(cfg, e.writer(100))
+				const mixed = "mixes the classic and consumer protocols"
+				var line map[string]string
+				for {
+					r, ok := logs.find(slog.LevelWarn, mixed)
+					if !ok {
+						r, ok = logs2.find(slog.LevelWarn, mixed)
+					}
+					if ok {
+						line = r
+						break
+					}
+					if time.Now().After(deadline) {
+						var said []string
+						for _, m := range append(logs.messages(), logs2.messages()...) {
+							if strings.Contains(m, "protocol") {
+								said = append(said, m)
+							}
+						}
+						t.Fatalf("no member warned that the group %s; of protocols they said %q", mixed, said)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				t.Logf("warning: %v", line)
+				if line["group"] != e.group || !strings.Contains(line["msg"], "kafka.group_protocol") {
+					t.Errorf("the warning %v does not name the group %s and what to do (kafka.group_protocol)", line, e.group)
+				}
+				for _, l := range []*logRecorder{logs, logs2} {
+					if n := l.count(slog.LevelWarn, mixed); n > 1 {
+						t.Errorf("a member warned %d times of the mixed group, want one line", n)
+					}
+				}
+				m1.stop(t)
+				m2.stop(t)
+			})
+		})
+	}
 }

@@ -20,6 +20,7 @@ import (
 // assigned is called before the offsets of new partitions are fetched;
 // the partitions are taken in adjust, once their Kafka offsets are known.
 func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	c.refused.Store(nil) // admitted to the group
 	for topic, parts := range assigned {
 		if len(parts) > 0 {
 			c.log.Info("partitions assigned", "topic", topic, "partitions", parts)

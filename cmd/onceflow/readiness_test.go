@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/sink/sinktest"
 )
 
 // /readyz's postgres reason names what is wrong and no connection detail.
@@ -41,5 +47,110 @@ func TestPostgresDownSaysWhatWithoutWhere(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Two `onceflow run` with one kafka.instance_id. Under the consumer
+// protocol the second replaces the first, which the broker then refuses
+// (another live member holds the id): the refused one owns nothing and
+// cannot join, so its /readyz answers 503 naming why and its
+// onceflow_ready{check="kafka"} is 0, while the other reads ready. Under
+// the classic protocol the first is fenced and its run ends with an error
+// naming kafka.instance_id (it has no /readyz any more).
+func TestRunRefusedForItsInstanceIDIsNotReady(t *testing.T) {
+	for name, seeds := range testBrokers(t) {
+		for _, protocol := range []string{"consumer", "classic"} {
+			t.Run(name+"/"+protocol, func(t *testing.T) { refusedForInstanceID(t, seeds(t), protocol) })
+		}
+	}
+}
+
+func refusedForInstanceID(t *testing.T, brokers []string, protocol string) {
+	pool := sinktest.Pool(t)
+	topic := "orders-" + randomHex(4)
+	createTopic(t, brokers, topic, 2)
+	createTopic(t, brokers, topic+".dlq", 1)
+	type run struct {
+		addr string
+		done chan error
+		stop func()
+	}
+	start := func(schema string) run {
+		r := run{addr: freeAddr(t), done: make(chan error, 1)}
+		file := writeConfig(t, fmt.Sprintf(`kafka:
+  brokers: [%s]
+  topics: [%s]
+  dead_letter_topic: %s.dlq
+  group: %s-group
+  group_protocol: %s
+  instance_id: same
+postgres:
+  dsn: %s
+  schema: %s
+http:
+  addr: %s
+log:
+  level: error
+`, strings.Join(brokers, ","), topic, topic, topic, protocol, sinktest.DSN(t), schema, r.addr))
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			root := newRoot()
+			root.SetOut(io.Discard)
+			root.SetErr(io.Discard)
+			root.SetArgs([]string{"run", "--config", file})
+			r.done <- root.ExecuteContext(ctx)
+		}()
+		waitReady(t, r.done, r.addr, func(code int, _ map[string]string) bool { return code == http.StatusOK }, "200")
+		var once sync.Once
+		r.stop = func() {
+			once.Do(func() {
+				cancel()
+				select {
+				case err := <-r.done:
+					if err != nil {
+						t.Errorf("run after cancel: %v", err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Error("run did not stop within 30s of cancel")
+				}
+			})
+		}
+		return r
+	}
+	schema := freshSchema(t, pool, "test_held_")
+	first := start(schema)
+	defer first.stop()
+	second := start(schema)
+	defer second.stop()
+
+	if protocol == "classic" {
+		select {
+		case err := <-first.done:
+			first.done <- nil // ended: the deferred stop finds it so
+			if err == nil || !strings.Contains(err.Error(), "kafka.instance_id") {
+				t.Errorf("the fenced run ended with %v, want an error naming kafka.instance_id", err)
+			}
+			t.Logf("the fenced run: %v", err)
+		case <-time.After(60 * time.Second):
+			t.Fatal("the fenced run did not end")
+		}
+	} else {
+		waitReady(t, make(chan error), first.addr, func(code int, w map[string]string) bool {
+			return code == http.StatusServiceUnavailable && strings.Contains(w["kafka"], "holds this member's instance id")
+		}, `503 saying another member holds the instance id`)
+		_, w, err := readyz(first.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the refused run's /readyz: %v", w)
+		if !strings.Contains(w["kafka"], `"same"`) || w["postgres"] != "" {
+			t.Errorf("/readyz of the refused run = %v, want kafka naming the instance id \"same\", postgres ready", w)
+		}
+		if code, body := get(t, "http://"+first.addr+"/metrics"); code != http.StatusOK || !strings.Contains(body, `onceflow_ready{check="kafka"} 0`) {
+			t.Errorf("/metrics of the refused run: %d, onceflow_ready{check=\"kafka\"} 0 not in it", code)
+		}
+	}
+	if code, w, err := readyz(second.addr); err != nil || code != http.StatusOK {
+		t.Errorf("/readyz of the run holding the instance id: %d %v %v, want 200", code, w, err)
 	}
 }

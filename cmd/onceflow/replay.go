@@ -27,6 +27,7 @@ func newReplayCmd() *cobra.Command {
 		toOffsets        []string
 		toStart, dryRun  bool
 		risk             bool
+		removeStatic     []string
 	)
 	cmd := &cobra.Command{
 		Use:   "replay (--to-time T | --to-offset TOPIC:PARTITION=OFFSET... | --to-start | --backfill HANDLER) [--dry-run]",
@@ -44,7 +45,13 @@ already in processed_events is skipped, so nothing is applied twice.
                  rewind (to the log start unless --to-time is given) so that
                  H applies the history while its siblings skip it
 
-The group must be stopped: replay refuses while it has members. A rewind
+The group must be stopped: replay refuses while it has members. A static
+member (kafka.instance_id) stays in the group when it is stopped, to restart
+in place, until its session timeout expires: the refusal names such members'
+instance ids; --remove-static-members ID,... removes them first (under the
+consumer protocol only members that left, never a running one; under the
+classic protocol the brokers cannot tell, so name only stopped members: a
+running one would rejoin, and go on from the rewound offsets). A rewind
 that reaches records older than the dedup horizon (dedup.retention, a week
 by default: processed_events rows older than that may be gone, so those
 records' effects would apply again) is refused unless
@@ -78,7 +85,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 					Pool: pool, Brokers: a.cfg.Kafka.Brokers, KafkaOptions: a.kafkaOptions(a.cfg.Kafka.ClientID + "-replay"),
 					Schema: a.cfg.Postgres.Schema, Group: a.cfg.Kafka.Group, Topics: a.cfg.Kafka.Topics,
 					Handlers: a.handlerNames(), HandlerTopics: topics, Decode: a.decodeConfig(), Parse: registry.parser(a.cfg.Handlers),
-					Horizon: dedupHorizon(a.cfg), CallTimeout: a.cfg.Postgres.CallTimeout, Logger: a.log,
+					Horizon: dedupHorizon(a.cfg), SessionTimeout: a.cfg.Kafka.SessionTimeout, CallTimeout: a.cfg.Postgres.CallTimeout, Logger: a.log,
 				})
 				if err != nil {
 					return err
@@ -101,6 +108,12 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 					fmt.Fprintf(out, "group %s: nothing to rewind (every partition is at or before the target)\n", plan.Group)
 					return nil
 				}
+				if err := plan.CheckHorizon(req); err != nil { // before anything changes
+					return err
+				}
+				if err := r.RemoveStaticMembers(ctx, removeStatic); err != nil {
+					return err
+				}
 				if err := r.Rewind(ctx, plan, req); err != nil {
 					return err
 				}
@@ -117,6 +130,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 	f.StringVar(&backfill, "backfill", "", "backfill this handler: it applies the history its siblings already applied")
 	f.BoolVar(&dryRun, "dry-run", false, "count what the rewind would read, apply and skip; change nothing")
 	f.BoolVar(&risk, "risk-reapplying-effects", false, "allow a rewind older than the dedup horizon, whose effects may be applied again")
+	f.StringSliceVar(&removeStatic, "remove-static-members", nil, "before the rewind, remove these stopped static members (instance ids, comma-separated) from the group")
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -95,5 +97,106 @@ func TestReplayCommand(t *testing.T) {
 	}
 	if o, ok := got.Lookup("orders", 0); !ok || o.At != 2 {
 		t.Errorf("Kafka committed offset after the rewind = %+v, want 2", o)
+	}
+}
+
+// `onceflow replay` right after a static member's stop (a SIGTERM's drain)
+// is refused, under both protocols, naming the member's instance id and
+// the option that removes it; with --remove-static-members it rewinds.
+func TestReplayAfterStaticMemberStop(t *testing.T) {
+	for name, seeds := range testBrokers(t) {
+		for _, protocol := range []string{"classic", "consumer"} {
+			t.Run(name+"/"+protocol, func(t *testing.T) {
+				brokers := seeds(t)
+				pool := sinktest.Pool(t)
+				schema := freshSchema(t, pool, "test_replay_static_")
+				topic := "orders-" + randomHex(4)
+				group := topic + "-group"
+				createTopic(t, brokers, topic, 2)
+				createTopic(t, brokers, topic+".dlq", 1)
+				cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cl.Close()
+				if protocol == "consumer" { // the stopped member stays 30s, not the test broker's 3s
+					req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+					res := kmsg.NewIncrementalAlterConfigsRequestResource()
+					res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+					c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+					c.Name, c.Value = "consumer.session.timeout.ms", kmsg.StringPtr("30000")
+					res.Configs = append(res.Configs, c)
+					req.Resources = append(req.Resources, res)
+					if _, err := req.RequestWith(t.Context(), cl); err != nil {
+						t.Logf("group config not set: %v", err)
+					}
+				}
+				s, err := orders.Generate(10, 0, 8)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range s.Messages {
+					if err := cl.ProduceSync(t.Context(), wire.NewRecord(topic, m.ID, m.Value)).FirstErr(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				file := writeConfig(t, fmt.Sprintf(`kafka:
+  brokers: [%s]
+  topics: [%s]
+  dead_letter_topic: %s.dlq
+  group: %s
+  group_protocol: %s
+  instance_id: onceflow-0
+  session_timeout: 30s
+  rebalance_timeout: 30s
+postgres:
+  dsn: %s
+  schema: %s
+log:
+  level: error
+`, strings.Join(brokers, ","), topic, topic, group, protocol, sinktest.DSN(t), schema))
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				done := make(chan error, 1)
+				go func() {
+					root := newRoot()
+					root.SetOut(io.Discard)
+					root.SetErr(io.Discard)
+					root.SetArgs([]string{"run", "--config", file})
+					done <- root.ExecuteContext(ctx)
+				}()
+				waitFor(t, 60*time.Second, "run applying every record", func() bool {
+					migrated := sinktest.Count(t, pool, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'sink_offsets'`, schema)
+					return migrated == 1 && sinktest.Count(t, pool, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets`) == int64(len(s.Messages))
+				})
+				cancel() // SIGTERM: drains, and stays in the group
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatalf("run after cancel: %v", err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatal("run did not stop within 30s")
+				}
+
+				out, err := runCLI(t, io.Discard, "replay", "--config", file, "--to-start")
+				if err == nil {
+					t.Fatalf("replay right after a static member's stop was not refused:\n%s", out)
+				}
+				t.Logf("refused: %v", err)
+				for _, want := range []string{"static member", "onceflow-0", "session timeout", "30s", "--remove-static-members onceflow-0"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("the refusal does not say %q", want)
+					}
+				}
+				out, err = runCLI(t, io.Discard, "replay", "--config", file, "--to-start", "--remove-static-members", "onceflow-0")
+				if err != nil {
+					t.Fatalf("replay --remove-static-members: %v\n%s", err, out)
+				}
+				if n := sinktest.Count(t, pool, `SELECT coalesce(sum(next_offset), 0)::bigint FROM `+schema+`.sink_offsets`); n != 0 {
+					t.Errorf("sink_offsets after the rewind to the start sum to %d, want 0", n)
+				}
+			})
+		}
 	}
 }

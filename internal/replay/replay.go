@@ -51,6 +51,11 @@ type Config struct {
 	// a rewind reaching a record older than that is refused unless forced.
 	// 0 means rows are kept for ever: no rewind is refused for its age.
 	Horizon time.Duration
+	// SessionTimeout is the members' session timeout under the classic
+	// protocol (config key kafka.session_timeout), which the brokers do not
+	// tell: a refusal names it as the time after which a stopped static
+	// member leaves the group. 0: not said.
+	SessionTimeout time.Duration
 	// CallTimeout bounds each call to Kafka or Postgres; default 30s. The
 	// dry run's read of the records is bounded by the caller's ctx only.
 	CallTimeout time.Duration

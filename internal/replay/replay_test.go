@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +13,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/goleak"
 
 	"github.com/onceflow/onceflow/dedup"
@@ -66,6 +69,8 @@ type env struct {
 	group  string
 	pool   *pgxpool.Pool
 	schema string
+	// session is the replayers' SessionTimeout (kafka.session_timeout).
+	session time.Duration
 }
 
 func newEnv(t *testing.T, seeds []string) *env {
@@ -119,18 +124,28 @@ func (e *env) produce(msgs []orders.Message, at time.Time) {
 // start starts one in-process member running handlers.
 func (e *env) start(handlers ...string) members.Member {
 	e.t.Helper()
+	return e.startAs("member-"+uuid.NewString()[:8], nil, handlers...)
+}
+
+// startAs starts one in-process member named name, its consumer config
+// edited by edit when it is not nil.
+func (e *env) startAs(name string, edit func(*processor.Config), handlers ...string) members.Member {
+	e.t.Helper()
 	hs, err := orders.Handlers(e.schema, handlers...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	cc := members.Tuned(processor.Config{Brokers: e.seeds, Topics: []string{e.topic}, Group: e.group,
+		BatchMaxRecords: 20, BatchLinger: 20 * time.Millisecond, CommitInterval: 200 * time.Millisecond,
+		KafkaOptions: []kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}})
+	if edit != nil {
+		edit(&cc)
+	}
 	start := members.InProcess(members.InProcessConfig{
-		Pool: e.pool, LRUSize: 1000,
-		Consumer: members.Tuned(processor.Config{Brokers: e.seeds, Topics: []string{e.topic}, Group: e.group,
-			BatchMaxRecords: 20, BatchLinger: 20 * time.Millisecond, CommitInterval: 200 * time.Millisecond,
-			KafkaOptions: []kgo.Opt{kgo.FetchMaxWait(200 * time.Millisecond)}}),
+		Pool: e.pool, LRUSize: 1000, Consumer: cc,
 		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs},
 	})
-	m, err := start(e.t.Context(), "member-"+uuid.NewString()[:8])
+	m, err := start(e.t.Context(), name)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -166,7 +181,7 @@ func (e *env) replayerOn(pool *pgxpool.Pool, horizon time.Duration, handlers ...
 		handlers = orders.Names
 	}
 	r, err := replay.New(replay.Config{Pool: pool, Brokers: e.seeds, Schema: e.schema, Group: e.group,
-		Topics: []string{e.topic}, Handlers: handlers, Horizon: horizon,
+		Topics: []string{e.topic}, Handlers: handlers, Horizon: horizon, SessionTimeout: e.session,
 		KafkaOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}})
 	if err != nil {
 		e.t.Fatal(err)
@@ -395,6 +410,107 @@ func TestRewindRefusedWithLiveMembers(t *testing.T) {
 		e.runUntil(total)
 		e.check(s.Unique)
 	})
+}
+
+// A static member's stop does not leave the group for good (KIP-345: it
+// keeps its place for a restart within the session timeout), so a rewind
+// right after it is refused, under both protocols; the refusal says that
+// the group still holds static members, names their instance ids and the
+// session timeout after which they expire. RemoveStaticMembers (replay
+// --remove-static-members) removes them, refusing an id no member holds,
+// and the rewind then goes through: the group replays, applying nothing
+// twice.
+func TestRewindRefusalNamesStaticMembers(t *testing.T) {
+	for _, protocol := range []processor.GroupProtocol{processor.ClassicProtocol, processor.ConsumerProtocol} {
+		t.Run(string(protocol), func(t *testing.T) {
+			eachBroker(t, func(t *testing.T, seeds []string) {
+				e := newEnv(t, seeds)
+				e.session = 30 * time.Second
+				if protocol == processor.ConsumerProtocol {
+					e.groupSession(30 * time.Second)
+				}
+				s := stream(t, 20)
+				e.produce(s.Messages, time.Now())
+				total := int64(len(s.Messages))
+				m := e.startAs("a", func(c *processor.Config) {
+					c.GroupProtocol, c.InstanceID = protocol, "onceflow"
+					c.SessionTimeout = 30 * time.Second // the group lists the stopped member for that long
+				})
+				ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+				defer cancel()
+				if err := members.WaitCommitted(ctx, e.pool, e.schema, e.group, total, 50*time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+				r := e.replayer(0)
+				req := replay.Request{Target: replay.Target{Start: true}}
+				plan, err := r.Plan(t.Context(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := m.Leave(); err != nil { // a SIGTERM's drain
+					t.Fatal(err)
+				}
+				err = r.Rewind(t.Context(), plan, req)
+				if !errors.Is(err, replay.ErrGroupActive) {
+					t.Fatalf("rewind right after a static member's stop: err = %v, want ErrGroupActive", err)
+				}
+				t.Logf("refused: %v", err)
+				for _, want := range []string{"static member", "onceflow-a", "session timeout", "30s"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("the refusal does not say %q", want)
+					}
+				}
+				if got := sinktest.Count(t, e.pool, `SELECT sum(next_offset) FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1`, e.group); got != total {
+					t.Errorf("sink_offsets moved by a refused rewind: sum %d, want %d", got, total)
+				}
+
+				if err := r.RemoveStaticMembers(t.Context(), []string{"onceflow-a", "nosuch"}); err == nil || !strings.Contains(err.Error(), "nosuch") {
+					t.Errorf("removing an instance id no member holds: err = %v, want one naming it", err)
+				}
+				if err := r.RemoveStaticMembers(t.Context(), []string{"onceflow-a"}); err != nil {
+					t.Fatalf("remove the static member: %v", err)
+				}
+				if err := r.Rewind(t.Context(), plan, req); err != nil {
+					t.Fatalf("rewind once the static member was removed: %v", err)
+				}
+				// The group replays, under its protocol.
+				m = e.startAs("b", func(c *processor.Config) { c.GroupProtocol = protocol })
+				if err := members.WaitCommitted(ctx, e.pool, e.schema, e.group, total, 50*time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+				if err := m.Leave(); err != nil {
+					t.Fatal(err)
+				}
+				if st := m.Stats(); st.RecordsConsumed != total || st.Applied != 0 {
+					t.Errorf("the replay read %d records and applied %d events, want all %d read and none applied again", st.RecordsConsumed, st.Applied, total)
+				}
+				e.check(s.Unique)
+			})
+		})
+	}
+}
+
+// groupSession sets the test group's consumer-protocol session timeout
+// (the group config consumer.session.timeout.ms), where the broker has
+// group configs (kfake has not: its default, 45s, stays).
+func (e *env) groupSession(d time.Duration) {
+	e.t.Helper()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, e.group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name, c.Value = "consumer.session.timeout.ms", kmsg.StringPtr(strconv.FormatInt(d.Milliseconds(), 10))
+	res.Configs = append(res.Configs, c)
+	req.Resources = append(req.Resources, res)
+	ctx, cancel := context.WithTimeout(e.t.Context(), 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, e.client())
+	if err == nil && len(resp.Resources) == 1 {
+		err = kerr.ErrorForCode(resp.Resources[0].ErrorCode)
+	}
+	if err != nil {
+		e.t.Logf("group config consumer.session.timeout.ms not set: %v", err)
+	}
 }
 
 // A rewind that reaches records older than the dedup horizon is refused,

@@ -5,65 +5,282 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/onceflow/onceflow/dedup"
 )
 
 // ErrGroupActive is returned (wrapped in a *GroupActiveError) when a rewind
 // finds the group with members: a running member would go on from its own
-// position, and its commits would undo the rewind.
-var ErrGroupActive = errors.New("consumer group has live members")
+// position, and its commits would undo the rewind; a static member that
+// stopped for a restart would take its partitions back from where it was.
+var ErrGroupActive = errors.New("consumer group has members")
 
 // GroupActiveError names the group's state and members.
 type GroupActiveError struct {
-	Group   string
-	State   string
-	Members []string // client ids @ hosts
+	Group    string
+	State    string
+	Protocol string   // the group's protocol: "classic" or "consumer"
+	Members  []string // client ids @ hosts, of the members not in Left
+	// Static are the instance ids of the static members among Members.
+	// Under the classic protocol a static member's stop does not leave
+	// the group (KIP-345): whether one is running or stopped for a
+	// restart, the brokers do not say.
+	Static []string
+	// Left are the instance ids of the static members that left for now
+	// (consumer protocol, member epoch -2): stopped, their place and
+	// partitions kept for a restart within the session timeout.
+	Left []string
+	// SessionTimeout is when Left (classic: stopped Static) members
+	// expire: the group's consumer.session.timeout.ms, else the brokers'
+	// group.consumer.session.timeout.ms, under the consumer protocol;
+	// Config.SessionTimeout under the classic one. 0 when unknown.
+	SessionTimeout time.Duration
 }
 
 func (e *GroupActiveError) Error() string {
-	return fmt.Sprintf("replay: group %s is %s with %d live member(s) (%s): stop every `onceflow run` of the group (and wait for it to leave) before a rewind: %v",
-		e.Group, e.State, len(e.Members), strings.Join(e.Members, ", "), ErrGroupActive)
+	var b strings.Builder
+	if e.Protocol != "consumer" && len(e.Static) > 0 && len(e.Static) == len(e.Members) {
+		session := "their session timeout (kafka.session_timeout)"
+		if e.SessionTimeout > 0 {
+			session = "their session timeout (kafka.session_timeout: " + e.SessionTimeout.String() + ")"
+		}
+		fmt.Fprintf(&b, "replay: group %s still lists %d member(s), all static, instance id(s) %s (%s): a static member's stop keeps its place and partitions for a restart (KIP-345), "+
+			"so a stopped one stays listed until %s expires; once every `onceflow run` of the group is stopped, wait that long or remove them with onceflow replay's --remove-static-members %s: %v",
+			e.Group, len(e.Members), strings.Join(e.Static, ", "), strings.Join(e.Members, ", "), session, strings.Join(e.Static, ","), ErrGroupActive)
+		return b.String()
+	}
+	if len(e.Members) > 0 {
+		fmt.Fprintf(&b, "replay: group %s is %s with %d live member(s) (%s): stop every `onceflow run` of the group (and wait for it to leave) before a rewind",
+			e.Group, e.State, len(e.Members), strings.Join(e.Members, ", "))
+	} else {
+		fmt.Fprintf(&b, "replay: group %s has no running member", e.Group)
+	}
+	session := "the group's session timeout"
+	if e.SessionTimeout > 0 {
+		session += " (" + e.SessionTimeout.String() + ")"
+	}
+	switch e.Protocol {
+	case "consumer":
+		if len(e.Left) > 0 {
+			session = "the group's session timeout (the group's consumer.session.timeout.ms, else group.consumer.session.timeout.ms on the brokers)"
+			if e.SessionTimeout > 0 {
+				session = "the group's session timeout, " + e.SessionTimeout.String() + " (the group's consumer.session.timeout.ms, else group.consumer.session.timeout.ms on the brokers)"
+			}
+			fmt.Fprintf(&b, "; it still holds %d static member(s) that left for now, instance id(s) %s (a static member's stop keeps its place and partitions for a restart, KIP-345): "+
+				"they expire after %s, or remove them with onceflow replay's --remove-static-members %s",
+				len(e.Left), strings.Join(e.Left, ", "), session, strings.Join(e.Left, ","))
+		}
+	default:
+		if len(e.Static) > 0 {
+			if e.SessionTimeout > 0 {
+				session = "their session timeout (kafka.session_timeout: " + e.SessionTimeout.String() + ")"
+			} else {
+				session = "their session timeout (kafka.session_timeout)"
+			}
+			fmt.Fprintf(&b, "; of them, static member(s) with instance id(s) %s stay in the group when stopped, to restart in place (KIP-345): "+
+				"once stopped they expire after %s, or remove them with onceflow replay's --remove-static-members %s",
+				strings.Join(e.Static, ", "), session, strings.Join(e.Static, ","))
+		}
+	}
+	fmt.Fprintf(&b, ": %v", ErrGroupActive)
+	return b.String()
 }
 
 func (e *GroupActiveError) Unwrap() error { return ErrGroupActive }
 
 // CheckStopped returns a *GroupActiveError when the group has members or
 // is rebalancing, per the group coordinator (classic groups, and KIP-848
-// consumer groups).
+// consumer groups), static members that stopped for a restart included.
 func (r *Replayer) CheckStopped(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
+	// A consumer group first: a broker may describe it as an empty
+	// classic group too.
+	if cg, err := r.adm.DescribeConsumerGroups(ctx, r.cfg.Group); err == nil {
+		if g, ok := cg[r.cfg.Group]; ok && g.Err == nil {
+			if len(g.Members) == 0 && idle(g.State) {
+				return nil
+			}
+			ae := &GroupActiveError{Group: r.cfg.Group, State: g.State, Protocol: "consumer"}
+			for _, m := range g.Members {
+				if m.InstanceID != nil && m.MemberEpoch == -2 {
+					ae.Left = append(ae.Left, *m.InstanceID)
+					continue
+				}
+				ae.Members = append(ae.Members, m.ClientID+"@"+m.ClientHost)
+				if m.InstanceID != nil {
+					ae.Static = append(ae.Static, *m.InstanceID)
+				}
+			}
+			if len(ae.Left) > 0 {
+				ae.SessionTimeout = r.consumerSession(ctx, g.Coordinator.NodeID)
+			}
+			return ae
+		}
+	}
 	described, err := r.adm.DescribeGroups(ctx, r.cfg.Group)
 	if err != nil {
 		return fmt.Errorf("replay: describe group %s: %w", r.cfg.Group, err)
 	}
-	if g, ok := described[r.cfg.Group]; ok && g.Err == nil {
-		if len(g.Members) > 0 || !idle(g.State) {
-			ae := &GroupActiveError{Group: r.cfg.Group, State: g.State}
-			for _, m := range g.Members {
-				ae.Members = append(ae.Members, m.ClientID+"@"+m.ClientHost)
+	if g, ok := described[r.cfg.Group]; ok && g.Err == nil && (len(g.Members) > 0 || !idle(g.State)) {
+		ae := &GroupActiveError{Group: r.cfg.Group, State: g.State, Protocol: "classic", SessionTimeout: r.cfg.SessionTimeout}
+		for _, m := range g.Members {
+			ae.Members = append(ae.Members, m.ClientID+"@"+m.ClientHost)
+			if m.InstanceID != nil {
+				ae.Static = append(ae.Static, *m.InstanceID)
 			}
-			return ae
 		}
+		return ae
+	}
+	return nil
+}
+
+// consumerSession returns the group's consumer-protocol session timeout:
+// its group config consumer.session.timeout.ms, else the coordinator's
+// group.consumer.session.timeout.ms; 0 when neither can be read.
+func (r *Replayer) consumerSession(ctx context.Context, coordinator int32) time.Duration {
+	ms := func(v *string) time.Duration {
+		if v == nil {
+			return 0
+		}
+		n, err := strconv.ParseInt(*v, 10, 64)
+		if err != nil || n <= 0 {
+			return 0
+		}
+		return time.Duration(n) * time.Millisecond
+	}
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, r.cfg.Group
+	res.ConfigNames = []string{"consumer.session.timeout.ms"}
+	req.Resources = append(req.Resources, res)
+	if resp, err := req.RequestWith(ctx, r.cl); err == nil {
+		for _, rr := range resp.Resources {
+			if rr.ErrorCode != 0 {
+				continue
+			}
+			for _, c := range rr.Configs {
+				if c.Name == "consumer.session.timeout.ms" && c.Source == kmsg.ConfigSourceGroupConfig {
+					if d := ms(c.Value); d > 0 {
+						return d
+					}
+				}
+			}
+		}
+	}
+	rcs, err := r.adm.DescribeBrokerConfigs(ctx, coordinator)
+	if err != nil {
+		return 0
+	}
+	for _, rc := range rcs {
+		for _, c := range rc.Configs {
+			if c.Key == "group.consumer.session.timeout.ms" {
+				return ms(c.Value)
+			}
+		}
+	}
+	return 0
+}
+
+// RemoveStaticMembers removes from the group the static members with the
+// given instance ids, each of which must be a member of the group that is
+// not running: under the consumer protocol one that left for now (member
+// epoch -2), which the brokers tell, and an error names a live one
+// without removing anything; under the classic protocol the brokers
+// cannot tell, and the caller vouches that the members are stopped (a
+// running one that is removed rejoins, and a rewind after it fences its
+// partitions in Postgres: it goes on from the rewound offsets). It is what
+// a static member's session expiry would do, now.
+func (r *Replayer) RemoveStaticMembers(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
 		return nil
 	}
-	// Not a classic group: it may be a KIP-848 consumer group.
-	cg, err := r.adm.DescribeConsumerGroups(ctx, r.cfg.Group)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+	defer cancel()
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	if cg, err := r.adm.DescribeConsumerGroups(ctx, r.cfg.Group); err == nil {
+		if g, ok := cg[r.cfg.Group]; ok && g.Err == nil {
+			holders := map[string]string{}
+			for _, m := range g.Members {
+				if m.InstanceID == nil || !want[*m.InstanceID] {
+					continue
+				}
+				if m.MemberEpoch != -2 {
+					return fmt.Errorf("replay: group %s: static member %s (%s@%s) is running, not left: stop it, nothing removed",
+						r.cfg.Group, *m.InstanceID, m.ClientID, m.ClientHost)
+				}
+				holders[*m.InstanceID] = m.MemberID
+			}
+			if err := r.missing(ids, holders); err != nil {
+				return err
+			}
+			for _, id := range ids {
+				// The leave the member would send (epoch -1: for good).
+				req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+				req.Group, req.MemberID, req.MemberEpoch = r.cfg.Group, holders[id], -1
+				req.InstanceID = kmsg.StringPtr(id)
+				resp, err := req.RequestWith(ctx, r.cl)
+				if err == nil {
+					err = kerr.ErrorForCode(resp.ErrorCode)
+				}
+				if err != nil && !errors.Is(err, kerr.UnknownMemberID) { // expired meanwhile
+					return fmt.Errorf("replay: group %s: remove static member %s: %w", r.cfg.Group, id, err)
+				}
+				r.cfg.Logger.Info("replay: static member removed from the group", "group", r.cfg.Group, "instance_id", id)
+			}
+			return nil
+		}
+	}
+	described, err := r.adm.DescribeGroups(ctx, r.cfg.Group)
 	if err != nil {
 		return fmt.Errorf("replay: describe group %s: %w", r.cfg.Group, err)
 	}
-	if g, ok := cg[r.cfg.Group]; ok && g.Err == nil && (len(g.Members) > 0 || !idle(g.State)) {
-		ae := &GroupActiveError{Group: r.cfg.Group, State: g.State}
+	holders := map[string]string{}
+	if g, ok := described[r.cfg.Group]; ok && g.Err == nil {
 		for _, m := range g.Members {
-			ae.Members = append(ae.Members, m.ClientID+"@"+m.ClientHost)
+			if m.InstanceID != nil && want[*m.InstanceID] {
+				holders[*m.InstanceID] = m.MemberID
+			}
 		}
-		return ae
+	}
+	if err := r.missing(ids, holders); err != nil {
+		return err
+	}
+	resps, err := r.adm.LeaveGroup(ctx, kadm.LeaveGroup(r.cfg.Group).InstanceIDs(ids...).Reason("onceflow replay --remove-static-members"))
+	if err != nil {
+		return fmt.Errorf("replay: group %s: remove static members: %w", r.cfg.Group, err)
+	}
+	for _, id := range ids {
+		if lr, ok := resps[id]; ok && lr.Err != nil && !errors.Is(lr.Err, kerr.UnknownMemberID) {
+			return fmt.Errorf("replay: group %s: remove static member %s: %w", r.cfg.Group, id, lr.Err)
+		}
+		r.cfg.Logger.Info("replay: static member removed from the group", "group", r.cfg.Group, "instance_id", id)
+	}
+	return nil
+}
+
+// missing returns an error naming the ids that no member of the group
+// holds, or nil.
+func (r *Replayer) missing(ids []string, holders map[string]string) error {
+	var none []string
+	for _, id := range ids {
+		if _, ok := holders[id]; !ok {
+			none = append(none, id)
+		}
+	}
+	if len(none) > 0 {
+		return fmt.Errorf("replay: group %s has no static member with instance id %s: nothing removed", r.cfg.Group, strings.Join(none, ", "))
 	}
 	return nil
 }
