@@ -22,7 +22,12 @@
 //	-ids v4|v7         random or time-ordered event ids
 //	-handlers N        N processed_events rows per event (one emails_sent row still)
 //
-// It prints one line per round and the median, in events/s.
+// It prints one line per round and the median, in events/s, with the CPU
+// time each event cost this process and its Postgres backends (read from
+// /proc, when Postgres runs on this machine and its processes are
+// readable): on a machine whose cores are shared with other work, the CPU
+// per event is the steadier figure, and on a machine where Go and Postgres
+// share the cores, cores ÷ CPU per event bounds the rate.
 package main
 
 import (
@@ -36,7 +41,9 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -118,18 +125,70 @@ func run(ctx context.Context, o options) error {
 	defer pool.Close()
 	fmt.Printf("ceiling: %d events, %d per transaction, %d connections, layout %s, ids %s, %d handler(s)%s\n",
 		o.events, o.batch, o.conns, o.layout, o.ids, o.handlers, map[bool]string{true: ", into the parent"}[o.parent])
-	var rates []float64
+	var rates, gos, pgs []float64
 	for r := 1; r <= o.rounds; r++ {
-		rate, err := round(ctx, pool, o)
+		rate, cpu, err := round(ctx, pool, o)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
 		}
-		fmt.Printf("round %d: %.0f events/s\n", r, rate)
-		rates = append(rates, rate)
+		fmt.Printf("round %d: %.0f events/s, CPU µs/event: go %.2f, postgres %s\n", r, rate, cpu.goPerEvent, cpu.pg())
+		rates, gos, pgs = append(rates, rate), append(gos, cpu.goPerEvent), append(pgs, cpu.pgPerEvent)
 	}
-	slices.Sort(rates)
-	fmt.Printf("median: %.0f events/s\n", rates[len(rates)/2])
+	fmt.Printf("median: %.0f events/s, CPU µs/event: go %.2f, postgres %.2f\n", median(rates), median(gos), median(pgs))
 	return nil
+}
+
+func median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+// cpuUse is the CPU time per event of this process and of the pool's
+// Postgres backends (negative when unknown).
+type cpuUse struct{ goPerEvent, pgPerEvent float64 }
+
+func (c cpuUse) pg() string {
+	if c.pgPerEvent < 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.2f", c.pgPerEvent)
+}
+
+// processCPU is this process's user and system time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// backendsCPU is the user and system time of the pool's backends, read
+// from /proc (false when a backend cannot be read there).
+func backendsCPU(ctx context.Context, pool *pgxpool.Pool) (time.Duration, bool) {
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	var total time.Duration
+	for _, c := range conns {
+		pid := c.Conn().PgConn().PID()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, false
+		}
+		// Fields after the command's closing parenthesis: utime and stime
+		// are the 14th and 15th of the line, in clock ticks (100 a second).
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 13 {
+			return 0, false
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(u+s) * 10 * time.Millisecond
+	}
+	return total, true
 }
 
 type event struct {
@@ -138,12 +197,12 @@ type event struct {
 	items  int
 }
 
-func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, err error) {
+func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cpu cpuUse, err error) {
 	var suffix [4]byte
 	_, _ = rand.Read(suffix[:])
 	schema := "ceiling_" + hex.EncodeToString(suffix[:])
 	if err := create(ctx, pool, schema, o.layout); err != nil {
-		return 0, err
+		return 0, cpu, err
 	}
 	if !o.keep {
 		defer func() {
@@ -216,6 +275,8 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, er
 	errs := make([]error, o.conns)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	pg0, pgOK := backendsCPU(ctx, pool)
+	go0 := processCPU()
 	start := time.Now()
 	for w := range o.conns {
 		wg.Add(1)
@@ -243,17 +304,24 @@ feed:
 	close(jobs)
 	wg.Wait()
 	el := time.Since(start)
+	goCPU := processCPU() - go0
+	pg1, pgOK1 := backendsCPU(ctx, pool)
 	if err := errors.Join(errs...); err != nil {
-		return 0, err
+		return 0, cpu, err
+	}
+	n := float64(len(evs))
+	cpu = cpuUse{goPerEvent: float64(goCPU.Microseconds()) / n, pgPerEvent: -1}
+	if pgOK && pgOK1 {
+		cpu.pgPerEvent = float64((pg1 - pg0).Microseconds()) / n
 	}
 	var got int64
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+emails.Sanitize()).Scan(&got); err != nil {
-		return 0, fmt.Errorf("count emails_sent: %w", err)
+		return 0, cpu, fmt.Errorf("count emails_sent: %w", err)
 	}
 	if got != int64(len(evs)) {
-		return 0, fmt.Errorf("emails_sent has %d rows, want %d", got, len(evs))
+		return 0, cpu, fmt.Errorf("emails_sent has %d rows, want %d", got, len(evs))
 	}
-	return float64(len(evs)) / el.Seconds(), nil
+	return n / el.Seconds(), cpu, nil
 }
 
 // create makes schema with emails_sent as the demo defines it and
