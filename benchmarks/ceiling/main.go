@@ -21,6 +21,10 @@
 //	                   no bus, no processed_at
 //	-ids v4|v7         random or time-ordered event ids
 //	-handlers N        N processed_events rows per event (one emails_sent row still)
+//	-lookup            before the COPY, look the batch's event ids up in processed_events
+//	                   (SELECT event_id, handler, payload_digest … WHERE event_id = ANY($1)),
+//	                   as a claim does to find redeliveries
+//	-savepoint         COPY the dedup rows under a savepoint, released after, as a claim does
 //
 // It prints one line per round and the median, in events/s, with the CPU
 // time each event cost this process and its Postgres backends (read from
@@ -53,16 +57,18 @@ import (
 )
 
 type options struct {
-	dsn      string
-	events   int
-	batch    int
-	conns    int
-	rounds   int
-	layout   string
-	ids      string
-	handlers int
-	parent   bool
-	keep     bool
+	dsn       string
+	events    int
+	batch     int
+	conns     int
+	rounds    int
+	layout    string
+	ids       string
+	handlers  int
+	parent    bool
+	keep      bool
+	lookup    bool
+	savepoint bool
 }
 
 func main() {
@@ -77,6 +83,8 @@ func main() {
 	flag.IntVar(&o.handlers, "handlers", 1, "processed_events rows per event (handlers)")
 	flag.BoolVar(&o.parent, "parent", false, "with -layout onceflow: COPY into the partitioned parent, not the slice")
 	flag.BoolVar(&o.keep, "keep", false, "keep each round's schema")
+	flag.BoolVar(&o.lookup, "lookup", false, "look the batch's event ids up in processed_events before the COPY")
+	flag.BoolVar(&o.savepoint, "savepoint", false, "COPY the dedup rows under a savepoint, released after")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "ceiling:", err)
@@ -123,8 +131,9 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	fmt.Printf("ceiling: %d events, %d per transaction, %d connections, layout %s, ids %s, %d handler(s)%s\n",
-		o.events, o.batch, o.conns, o.layout, o.ids, o.handlers, map[bool]string{true: ", into the parent"}[o.parent])
+	fmt.Printf("ceiling: %d events, %d per transaction, %d connections, layout %s, ids %s, %d handler(s)%s%s%s\n",
+		o.events, o.batch, o.conns, o.layout, o.ids, o.handlers, map[bool]string{true: ", into the parent"}[o.parent],
+		map[bool]string{true: ", look-up first"}[o.lookup], map[bool]string{true: ", under a savepoint"}[o.savepoint])
 	var rates, gos, pgs []float64
 	for r := 1; r <= o.rounds; r++ {
 		rate, cpu, err := round(ctx, pool, o)
@@ -243,6 +252,30 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 			return err
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
+		if o.lookup {
+			ids := make([]pgtype.UUID, len(b))
+			for i, e := range b {
+				ids[i] = e.id
+			}
+			digest := "NULL::bytea"
+			if o.layout == "onceflow" {
+				digest = "payload_digest"
+			}
+			rows, err := tx.Query(ctx, `SELECT event_id, handler, `+digest+` FROM `+pgx.Identifier{schema, "processed_events"}.Sanitize()+
+				` WHERE event_id = ANY($1::uuid[])`, ids)
+			if err != nil {
+				return fmt.Errorf("look up processed_events: %w", err)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("look up processed_events: %w", err)
+			}
+		}
+		if o.savepoint {
+			if _, err := tx.Exec(ctx, "SAVEPOINT claim"); err != nil {
+				return err
+			}
+		}
 		row := make([]any, len(cols))
 		n := len(b) * o.handlers
 		if _, err := tx.CopyFrom(ctx, processed, cols, pgx.CopyFromSlice(n, func(i int) ([]any, error) {
@@ -260,6 +293,11 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 			return row, nil
 		})); err != nil {
 			return fmt.Errorf("copy processed_events: %w", err)
+		}
+		if o.savepoint {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT claim"); err != nil {
+				return err
+			}
 		}
 		erow := make([]any, 3)
 		if _, err := tx.CopyFrom(ctx, emails, []string{"event_id", "user_id", "subject"}, pgx.CopyFromSlice(len(b), func(i int) ([]any, error) {
