@@ -25,6 +25,8 @@
 //	                   (SELECT event_id, handler, payload_digest … WHERE event_id = ANY($1)),
 //	                   as a claim does to find redeliveries
 //	-savepoint         COPY the dedup rows under a savepoint, released after, as a claim does
+//	-insert            write the dedup rows with INSERT … SELECT FROM unnest(…) ON CONFLICT DO
+//	                   NOTHING RETURNING, the look-up and the write in one statement, not COPY
 //
 // It prints one line per round and the median, in events/s, with the CPU
 // time each event cost this process and its Postgres backends (read from
@@ -69,6 +71,7 @@ type options struct {
 	keep      bool
 	lookup    bool
 	savepoint bool
+	insert    bool
 }
 
 func main() {
@@ -85,6 +88,7 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep each round's schema")
 	flag.BoolVar(&o.lookup, "lookup", false, "look the batch's event ids up in processed_events before the COPY")
 	flag.BoolVar(&o.savepoint, "savepoint", false, "COPY the dedup rows under a savepoint, released after")
+	flag.BoolVar(&o.insert, "insert", false, "write the dedup rows by INSERT … ON CONFLICT DO NOTHING RETURNING, not COPY")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "ceiling:", err)
@@ -107,6 +111,9 @@ func (o options) validate() error {
 	}
 	if o.ids != "v4" && o.ids != "v7" {
 		errs = append(errs, fmt.Errorf("-ids %q: v4 or v7", o.ids))
+	}
+	if o.insert && (o.lookup || o.savepoint || o.handlers != 1) {
+		errs = append(errs, errors.New("-insert: without -lookup, -savepoint, and with one handler"))
 	}
 	if o.parent && o.layout != "onceflow" {
 		errs = append(errs, errors.New("-parent: only with -layout onceflow"))
@@ -276,23 +283,30 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 				return err
 			}
 		}
+		if o.insert {
+			if err := insertClaims(ctx, tx, processed, o.layout, b); err != nil {
+				return err
+			}
+		}
 		row := make([]any, len(cols))
 		n := len(b) * o.handlers
-		if _, err := tx.CopyFrom(ctx, processed, cols, pgx.CopyFromSlice(n, func(i int) ([]any, error) {
-			e, h := b[i/o.handlers], i%o.handlers
-			row[0] = e.id
-			switch o.layout {
-			case "narrow":
-				row[1] = int16(h)
-			case "seed":
-				row[1], row[2] = handlerNames[h], "kafka"
-			default:
-				digest := make([]byte, 16) // as wide as onceflow's digest
-				row[1], row[2], row[3], row[4], row[5] = handlerNames[h], "kafka", nil, digest, int32(0)
+		if !o.insert {
+			if _, err := tx.CopyFrom(ctx, processed, cols, pgx.CopyFromSlice(n, func(i int) ([]any, error) {
+				e, h := b[i/o.handlers], i%o.handlers
+				row[0] = e.id
+				switch o.layout {
+				case "narrow":
+					row[1] = int16(h)
+				case "seed":
+					row[1], row[2] = handlerNames[h], "kafka"
+				default:
+					digest := make([]byte, 16) // as wide as onceflow's digest
+					row[1], row[2], row[3], row[4], row[5] = handlerNames[h], "kafka", nil, digest, int32(0)
+				}
+				return row, nil
+			})); err != nil {
+				return fmt.Errorf("copy processed_events: %w", err)
 			}
-			return row, nil
-		})); err != nil {
-			return fmt.Errorf("copy processed_events: %w", err)
 		}
 		if o.savepoint {
 			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT claim"); err != nil {
@@ -360,6 +374,43 @@ feed:
 		return 0, cpu, fmt.Errorf("emails_sent has %d rows, want %d", got, len(evs))
 	}
 	return n / el.Seconds(), cpu, nil
+}
+
+// insertClaims writes b's dedup rows (one handler) by one INSERT … ON
+// CONFLICT DO NOTHING RETURNING, reading what it returns.
+func insertClaims(ctx context.Context, tx pgx.Tx, processed pgx.Identifier, layout string, b []event) error {
+	ids := make([]pgtype.UUID, len(b))
+	for i, e := range b {
+		ids[i] = e.id
+	}
+	var q string
+	switch layout {
+	case "narrow":
+		q = `INSERT INTO ` + processed.Sanitize() + ` (event_id, handler) SELECT id, 0 FROM unnest($1::uuid[]) AS id
+ON CONFLICT DO NOTHING RETURNING event_id`
+	case "seed":
+		q = `INSERT INTO ` + processed.Sanitize() + ` (event_id, handler, bus) SELECT id, 'emailHandler', 'kafka' FROM unnest($1::uuid[]) AS id
+ON CONFLICT DO NOTHING RETURNING event_id`
+	default:
+		q = `INSERT INTO ` + processed.Sanitize() + ` (event_id, handler, bus, payload_digest, slice)
+SELECT id, 'emailHandler', 'kafka', '\x00112233445566778899aabbccddeeff'::bytea, 0 FROM unnest($1::uuid[]) AS id
+ON CONFLICT DO NOTHING RETURNING event_id`
+	}
+	rows, err := tx.Query(ctx, q, ids)
+	if err != nil {
+		return fmt.Errorf("insert processed_events: %w", err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("insert processed_events: %w", err)
+	}
+	if n != len(b) {
+		return fmt.Errorf("insert processed_events: %d rows inserted, want %d", n, len(b))
+	}
+	return nil
 }
 
 // create makes schema with emails_sent as the demo defines it and
