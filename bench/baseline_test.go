@@ -148,14 +148,14 @@ func TestBaselineParseError(t *testing.T) {
 }
 
 // BenchmarkBaseline writes 200 000 unique orders of 12 partitions with the
-// demo's emailHandler, in batches of 1 000, as the effects-only and
-// raw-copy baselines do, on 2 and 4 writers; each iteration in a new
-// schema. Besides the rate, it reports the CPU time per event of this
+// demo's emailHandler (on 2 and 4 writers) and with its four handlers (on
+// 4), in batches of 1 000, as the effects-only and raw-copy baselines do;
+// each iteration in a new schema. Besides the rate, it reports the CPU time per event of this
 // process and of the pool's Postgres backends (from /proc, when Postgres
 // runs here): the steadier figure on a machine shared with other work.
 // Compare with benchmarks/ceiling on the same cluster:
 //
-//	go test -run '^$' -bench BenchmarkBaseline -benchtime 3x -count 3 ./bench
+//	go test -run '^$' -bench BenchmarkBaseline -benchtime 2x -count 3 ./bench
 func BenchmarkBaseline(b *testing.B) {
 	pool := sinktest.Pool(b)
 	const n = 200_000
@@ -164,44 +164,54 @@ func BenchmarkBaseline(b *testing.B) {
 		evs[i] = sink.Event{ID: uuid.New(), Topic: "orders", Partition: int32(i % 12), Offset: int64(i / 12),
 			Value: fmt.Appendf(nil, `{"user_id":%d,"items":["sku-%d","sku-%d"]}`, 1+i%100000, i%500, (i*7)%500)}
 	}
-	for _, claims := range []bool{false, true} {
-		for _, workers := range []int{2, 4} {
-			name := map[bool]string{false: "effects-only", true: "raw-copy"}[claims]
-			b.Run(fmt.Sprintf("%s/writers=%d", name, workers), func(b *testing.B) {
-				var secs float64
-				var goCPU, pgCPU time.Duration
-				pgKnown := true
-				for b.Loop() {
-					b.StopTimer()
-					schema := sinktest.Schema(b, pool, orders.Migrate)
-					hs, err := orders.Handlers(schema, "emailHandler")
-					if err != nil {
-						b.Fatal(err)
-					}
-					_, _ = pool.Exec(b.Context(), "CHECKPOINT") // not fatal: the role may lack pg_checkpoint
-					pg0, ok0 := backendsCPU(b.Context(), pool)
-					go0 := processCPU()
-					b.StartTimer()
-					start := time.Now()
-					if err := baseline(b.Context(), pool, schema, hs, evs, 1000, workers, claims, orders.ParseEvent); err != nil {
-						b.Fatal(err)
-					}
-					secs += time.Since(start).Seconds()
-					b.StopTimer()
-					goCPU += processCPU() - go0
-					pg1, ok1 := backendsCPU(b.Context(), pool)
-					pgCPU += pg1 - pg0
-					pgKnown = pgKnown && ok0 && ok1
-					b.StartTimer()
+	for _, c := range []struct {
+		claims   bool
+		workers  int
+		handlers []string
+	}{
+		{false, 2, []string{"emailHandler"}},
+		{false, 4, []string{"emailHandler"}},
+		{true, 2, []string{"emailHandler"}},
+		{true, 4, []string{"emailHandler"}},
+		{false, 4, []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}},
+		{true, 4, []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}},
+	} {
+		claims, workers := c.claims, c.workers
+		name := map[bool]string{false: "effects-only", true: "raw-copy"}[claims]
+		b.Run(fmt.Sprintf("%s/handlers=%d/writers=%d", name, len(c.handlers), workers), func(b *testing.B) {
+			var secs float64
+			var goCPU, pgCPU time.Duration
+			pgKnown := true
+			for b.Loop() {
+				b.StopTimer()
+				schema := sinktest.Schema(b, pool, orders.Migrate)
+				hs, err := orders.Handlers(schema, c.handlers...)
+				if err != nil {
+					b.Fatal(err)
 				}
-				events := float64(b.N * n)
-				b.ReportMetric(events/secs, "events/s")
-				b.ReportMetric(float64(goCPU.Microseconds())/events, "go-µs/event")
-				if pgKnown {
-					b.ReportMetric(float64(pgCPU.Microseconds())/events, "pg-µs/event")
+				_, _ = pool.Exec(b.Context(), "CHECKPOINT") // not fatal: the role may lack pg_checkpoint
+				pg0, ok0 := backendsCPU(b.Context(), pool)
+				go0 := processCPU()
+				b.StartTimer()
+				start := time.Now()
+				if err := baseline(b.Context(), pool, schema, hs, evs, 1000, workers, claims, orders.ParseEvent); err != nil {
+					b.Fatal(err)
 				}
-			})
-		}
+				secs += time.Since(start).Seconds()
+				b.StopTimer()
+				goCPU += processCPU() - go0
+				pg1, ok1 := backendsCPU(b.Context(), pool)
+				pgCPU += pg1 - pg0
+				pgKnown = pgKnown && ok0 && ok1
+				b.StartTimer()
+			}
+			events := float64(b.N * n)
+			b.ReportMetric(events/secs, "events/s")
+			b.ReportMetric(float64(goCPU.Microseconds())/events, "go-µs/event")
+			if pgKnown {
+				b.ReportMetric(float64(pgCPU.Microseconds())/events, "pg-µs/event")
+			}
+		})
 	}
 }
 
