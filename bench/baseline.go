@@ -19,7 +19,7 @@ import (
 )
 
 // baseline writes the unique events' effects directly: the handlers over
-// batches of at most batch events of one partition (each event with its
+// batches of at most batch events of one topic partition (each event with its
 // first delivery's partition and offset, as a member would see it), in
 // offset order, one transaction each, on workers writers at
 // once (the benchmark's pool size: what the members share), no Kafka, no
@@ -144,27 +144,35 @@ feed:
 	return ctx.Err()
 }
 
-// byPartition returns the indexes of evs by partition, in offset order
-// within each (one pass when evs are in offset order already, as a stream
-// produced is), partitions in ascending order.
+// byPartition returns the indexes of evs by topic and partition, in offset
+// order within each (one pass when evs are in offset order already, as a
+// stream produced is), partitions in (topic, partition) order.
 func byPartition(evs []sink.Event) [][]int {
-	at := map[int32]int{}
+	type tp struct {
+		topic     string
+		partition int32
+	}
+	at := map[tp]int{}
 	var parts [][]int
 	for i, e := range evs {
-		j, ok := at[e.Partition]
+		k := tp{e.Topic, e.Partition}
+		j, ok := at[k]
 		if !ok {
 			j = len(parts)
-			at[e.Partition] = j
+			at[k] = j
 			parts = append(parts, nil)
 		}
 		parts[j] = append(parts[j], i)
 	}
+	byOffset := func(a, b int) int { return cmp.Compare(evs[a].Offset, evs[b].Offset) }
 	for _, p := range parts {
-		if !slices.IsSortedFunc(p, func(a, b int) int { return cmp.Compare(evs[a].Offset, evs[b].Offset) }) {
-			slices.SortStableFunc(p, func(a, b int) int { return cmp.Compare(evs[a].Offset, evs[b].Offset) })
+		if !slices.IsSortedFunc(p, byOffset) {
+			slices.SortStableFunc(p, byOffset)
 		}
 	}
-	slices.SortFunc(parts, func(a, b []int) int { return cmp.Compare(evs[a[0]].Partition, evs[b[0]].Partition) })
+	slices.SortFunc(parts, func(a, b []int) int {
+		return cmp.Or(cmp.Compare(evs[a[0]].Topic, evs[b[0]].Topic), cmp.Compare(evs[a[0]].Partition, evs[b[0]].Partition))
+	})
 	return parts
 }
 

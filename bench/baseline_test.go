@@ -32,6 +32,7 @@ type topicHandler struct {
 	offsets     map[int32][]int64
 	unparsed    int
 	unordered   int
+	wrongTopic  int
 }
 
 func (h *topicHandler) Name() string               { return h.name }
@@ -42,6 +43,9 @@ func (h *topicHandler) Apply(_ context.Context, _ pgx.Tx, evs []sink.Event) erro
 	for i, e := range evs {
 		if i > 0 && (e.Partition != evs[0].Partition || e.Offset <= evs[i-1].Offset) {
 			h.unordered++
+		}
+		if e.Topic != h.topic {
+			h.wrongTopic++
 		}
 		h.offsets[e.Partition] = append(h.offsets[e.Partition], e.Offset)
 		if e.Parsed != string(e.Value) {
@@ -54,7 +58,7 @@ func (h *topicHandler) Apply(_ context.Context, _ pgx.Tx, evs []sink.Event) erro
 // The raw-copy baseline writes the rows a claim writes — one per event and
 // handler that consumes its topic, with the bus, no trace id, the
 // payload's digest, in the current slice — and gives each handler its
-// events parsed, in batches of one partition in offset order.
+// events parsed, in batches of one topic partition in offset order.
 func TestRawCopyWritesTheClaimsRows(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool)
@@ -73,6 +77,12 @@ func TestRawCopyWritesTheClaimsRows(t *testing.T) {
 			off = perPartition - 1 - off
 		}
 		evs = append(evs, sink.Event{ID: uuid.New(), Value: []byte(fmt.Sprintf(`{"n":%d}`, i)), Topic: "orders", Partition: p, Offset: off})
+	}
+	// Another topic's partition 0, among them: its batches are its own.
+	const payments = 10
+	for i := range payments {
+		at := 7 * i
+		evs = slices.Insert(evs, at, sink.Event{ID: uuid.New(), Value: []byte(fmt.Sprintf(`{"p":%d}`, i)), Topic: "payments", Offset: int64(i)})
 	}
 	parse := func(e sink.Event) (any, error) { return string(e.Value), nil }
 	if err := baseline(ctx, pool, schema, []sink.Handler{a, b, c}, evs, 10, 2, true, parse); err != nil {
@@ -98,7 +108,11 @@ func TestRawCopyWritesTheClaimsRows(t *testing.T) {
 	want := map[string]bool{}
 	for _, e := range evs {
 		d := dedup.PayloadDigest(e.Value)
-		for _, h := range []string{"a", "b"} {
+		hs := []string{"a", "b"}
+		if e.Topic == "payments" {
+			hs = []string{"c"}
+		}
+		for _, h := range hs {
 			want[fmt.Sprintf("%s %s kafka true %x 0", e.ID, h, d[:])] = true
 		}
 	}
@@ -110,12 +124,18 @@ func TestRawCopyWritesTheClaimsRows(t *testing.T) {
 			t.Errorf("no row %q", r)
 		}
 	}
-	for _, h := range []*topicHandler{a, b} {
+	for _, h := range []*topicHandler{a, b, c} {
+		if h.wrongTopic != 0 {
+			t.Errorf("handler %s: given %d events of another topic", h.name, h.wrongTopic)
+		}
 		if h.unparsed != 0 {
 			t.Errorf("handler %s: %d events not parsed", h.name, h.unparsed)
 		}
 		if h.unordered != 0 {
 			t.Errorf("handler %s: %d events out of their batch's partition or offset order", h.name, h.unordered)
+		}
+		if h == c {
+			continue
 		}
 		for p, offs := range h.offsets {
 			slices.Sort(offs)
@@ -128,8 +148,8 @@ func TestRawCopyWritesTheClaimsRows(t *testing.T) {
 			}
 		}
 	}
-	if len(c.offsets) != 0 {
-		t.Errorf("handler c of another topic was given %v", c.offsets)
+	if got := c.offsets[0]; len(got) != payments || len(c.offsets) != 1 {
+		t.Errorf("handler c was given %v, want partition 0's %d events of its topic", c.offsets, payments)
 	}
 }
 
