@@ -139,3 +139,20 @@ func BenchmarkClaimOnePresent(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "keys/s")
 }
+
+// BenchmarkCacheRemember measures remembering batches of 1 000 new events
+// into a full cache of 100 000: an insertion and an eviction each.
+func BenchmarkCacheRemember(b *testing.B) {
+	c, _ := dedup.New(100000)
+	keys := make([]dedup.Key, 300000)
+	for i := range keys {
+		keys[i] = dedup.Key{EventID: uuid.New(), Handler: "emailHandler"}
+	}
+	c.Remember(keys[:100000], nil)
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		j := (i * 1000) % (len(keys) - 1000)
+		c.Remember(keys[j:j+1000], nil)
+	}
+	b.ReportMetric(float64(b.N*1000)/b.Elapsed().Seconds(), "events/s")
+}

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/google/uuid"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Key identifies one handler's application of one event: the primary key of
@@ -35,7 +34,7 @@ type Key struct {
 // safe for concurrent use.
 type Cache struct {
 	mu     sync.Mutex
-	lru    *simplelru.LRU[uuid.UUID, entry]
+	lru    *lru
 	bits   map[string]uint64 // handler name -> its bit in entry.handlers
 	hits   atomic.Int64
 	misses atomic.Int64
@@ -52,7 +51,7 @@ type entry struct {
 }
 
 // New returns a Cache holding at most size events. Size 0 returns a nil,
-// disabled Cache; a negative size is an error.
+// disabled Cache; a negative size, or one above 2³¹−1, is an error.
 func New(size int) (*Cache, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("dedup cache size %d: must be >= 0", size)
@@ -60,11 +59,10 @@ func New(size int) (*Cache, error) {
 	if size == 0 {
 		return nil, nil
 	}
-	l, err := simplelru.NewLRU[uuid.UUID, entry](size, nil)
-	if err != nil {
-		return nil, fmt.Errorf("dedup cache: %w", err)
+	if size > maxCacheSize {
+		return nil, fmt.Errorf("dedup cache size %d: at most %d", size, maxCacheSize)
 	}
-	return &Cache{lru: l, bits: map[string]uint64{}}, nil
+	return &Cache{lru: newLRU(size), bits: map[string]uint64{}}, nil
 }
 
 // bit returns handler's bit, giving it the next one at its first use; 0
@@ -91,7 +89,7 @@ func (c *Cache) Seen(k Key, d Digest) (seen, conflict bool) {
 	}
 	c.mu.Lock()
 	b := c.bit(k.Handler)
-	e, ok := c.lru.Peek(k.EventID)
+	e, ok := c.lru.peek(k.EventID)
 	c.mu.Unlock()
 	if ok && e.handlers&b != 0 {
 		c.hits.Add(1)
@@ -131,13 +129,14 @@ func (c *Cache) Remember(keys []Key, digests []Digest) {
 		if add.handlers == 0 {
 			continue
 		}
-		if e, ok := c.lru.Peek(id); ok && !e.digest.Conflicts(add.digest) {
+		e, ok := c.lru.add(id)
+		if ok && !e.digest.Conflicts(add.digest) {
 			add.handlers |= e.handlers
 			if add.digest == (Digest{}) {
 				add.digest = e.digest
 			}
 		}
-		c.lru.Add(id, add)
+		*e = add
 	}
 }
 
@@ -154,7 +153,97 @@ func (c *Cache) Stats() Stats {
 		return Stats{}
 	}
 	c.mu.Lock()
-	n := c.lru.Len()
+	n := c.lru.len()
 	c.mu.Unlock()
 	return Stats{Len: n, Hits: c.hits.Load(), Misses: c.misses.Load()}
+}
+
+// maxCacheSize is the most events a Cache holds: its slots are numbered
+// with int32.
+const maxCacheSize = 1<<31 - 1
+
+// lru is the Cache's store: at most size entries, the least recently
+// added evicted first. Its entries live in one slice, linked in order of
+// their last add by slot numbers, and a map finds an event's slot: an add
+// costs a look-up, and for a new event an insertion and the deletion of
+// the one it evicts, with no allocation once the slice is full; and the
+// slots, holding no pointers, are nothing for the garbage collector to
+// scan. Not safe for concurrent use (Cache holds its mutex).
+type lru struct {
+	size       int
+	at         map[uuid.UUID]int32
+	slots      []slot
+	head, tail int32 // most and least recently added; -1 when empty
+}
+
+type slot struct {
+	id         uuid.UUID
+	e          entry
+	prev, next int32 // towards head and towards tail; -1 at the ends
+}
+
+func newLRU(size int) *lru {
+	return &lru{size: size, at: make(map[uuid.UUID]int32, min(size, 1<<16)), head: -1, tail: -1}
+}
+
+func (l *lru) len() int { return len(l.at) }
+
+// peek returns id's entry, without making it recent.
+func (l *lru) peek(id uuid.UUID) (entry, bool) {
+	i, ok := l.at[id]
+	if !ok {
+		return entry{}, false
+	}
+	return l.slots[i].e, true
+}
+
+// add makes id the most recent entry and returns it, and whether it was
+// there already; a new entry is zero, and takes the least recent one's
+// slot when the lru is full.
+func (l *lru) add(id uuid.UUID) (*entry, bool) {
+	if i, ok := l.at[id]; ok {
+		l.unlink(i)
+		l.pushFront(i)
+		return &l.slots[i].e, true
+	}
+	var i int32
+	if len(l.slots) < l.size {
+		i = int32(len(l.slots))
+		l.slots = append(l.slots, slot{})
+	} else {
+		i = l.tail
+		delete(l.at, l.slots[i].id)
+		l.unlink(i)
+	}
+	l.slots[i] = slot{id: id, prev: -1, next: -1}
+	l.at[id] = i
+	l.pushFront(i)
+	return &l.slots[i].e, false
+}
+
+func (l *lru) unlink(i int32) {
+	s := &l.slots[i]
+	if s.prev >= 0 {
+		l.slots[s.prev].next = s.next
+	} else {
+		l.head = s.next
+	}
+	if s.next >= 0 {
+		l.slots[s.next].prev = s.prev
+	} else {
+		l.tail = s.prev
+	}
+	s.prev, s.next = -1, -1
+}
+
+func (l *lru) pushFront(i int32) {
+	s := &l.slots[i]
+	s.prev, s.next = -1, l.head
+	if l.head >= 0 {
+		l.slots[l.head].prev = i
+	}
+	l.head = i
+	if l.tail < 0 {
+		l.tail = i
+	}
 }

@@ -1,0 +1,478 @@
+// Command ceiling is an independent writer of the effects of the demo's
+// emailHandler with their dedup rows: for each of -events unique events,
+// one processed_events row and one emails_sent row, by binary COPY,
+// -batch events per transaction, on -conns connections, nothing else.
+// It shares no code with onceflow (only pgx), so that it can tell whether
+// the benchmark's raw-copy baseline is the fastest writer of those rows:
+// run both on one cluster minutes apart, alternating, and compare medians.
+//
+//	go run ./benchmarks/ceiling -dsn "$ONCEFLOW_TEST_POSTGRES_DSN" -events 1000000 -rounds 3
+//
+// It works in a schema of its own (ceiling_<random>), created with the
+// tables and dropped at the end of each round, and starts each round after
+// a CHECKPOINT (when the role may run one). Its variants measure the
+// levers of a dedup row's width and of its key without touching onceflow:
+//
+//	-layout seed       processed_events as in the seed: (event_id, handler text,
+//	                   bus, processed_at), PRIMARY KEY (event_id, handler)
+//	-layout onceflow   onceflow's: partitioned by slice, trace_id, payload_digest,
+//	                   the slice in the key; written into the slice (-parent: the parent)
+//	-layout narrow     (event_id, handler smallint), PRIMARY KEY (event_id, handler):
+//	                   no bus, no processed_at
+//	-ids v4|v7         random or time-ordered event ids
+//	-handlers N        N processed_events rows per event (one emails_sent row still)
+//	-lookup            before the COPY, look the batch's event ids up in processed_events
+//	                   (SELECT event_id, handler, payload_digest … WHERE event_id = ANY($1)),
+//	                   as a claim does to find redeliveries; the table is analyzed at 90 000
+//	                   events, as onceflow's Writer does
+//	-savepoint         COPY the dedup rows under a savepoint, released after, as a claim does
+//	-insert            write the dedup rows with INSERT … SELECT FROM unnest(…) ON CONFLICT DO
+//	                   NOTHING RETURNING, the look-up and the write in one statement, not COPY
+//
+// It prints one line per round and the median, in events/s, with the CPU
+// time each event cost this process and its Postgres backends (read from
+// /proc, when Postgres runs on this machine and its processes are
+// readable): on a machine whose cores are shared with other work, the CPU
+// per event is the steadier figure, and on a machine where Go and Postgres
+// share the cores, cores ÷ CPU per event bounds the rate.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"math/big"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type options struct {
+	dsn       string
+	events    int
+	batch     int
+	conns     int
+	rounds    int
+	layout    string
+	ids       string
+	handlers  int
+	parent    bool
+	keep      bool
+	lookup    bool
+	savepoint bool
+	insert    bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.dsn, "dsn", os.Getenv("ONCEFLOW_TEST_POSTGRES_DSN"), "PostgreSQL DSN (default $ONCEFLOW_TEST_POSTGRES_DSN)")
+	flag.IntVar(&o.events, "events", 1_000_000, "unique events to write")
+	flag.IntVar(&o.batch, "batch", 1000, "events per transaction")
+	flag.IntVar(&o.conns, "conns", 2, "connections writing at once")
+	flag.IntVar(&o.rounds, "rounds", 1, "rounds, each in a new schema; the median is reported")
+	flag.StringVar(&o.layout, "layout", "seed", "processed_events layout: seed, onceflow or narrow")
+	flag.StringVar(&o.ids, "ids", "v4", "event ids: v4 (random) or v7 (time-ordered)")
+	flag.IntVar(&o.handlers, "handlers", 1, "processed_events rows per event (handlers)")
+	flag.BoolVar(&o.parent, "parent", false, "with -layout onceflow: COPY into the partitioned parent, not the slice")
+	flag.BoolVar(&o.keep, "keep", false, "keep each round's schema")
+	flag.BoolVar(&o.lookup, "lookup", false, "look the batch's event ids up in processed_events before the COPY")
+	flag.BoolVar(&o.savepoint, "savepoint", false, "COPY the dedup rows under a savepoint, released after")
+	flag.BoolVar(&o.insert, "insert", false, "write the dedup rows by INSERT … ON CONFLICT DO NOTHING RETURNING, not COPY")
+	flag.Parse()
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "ceiling:", err)
+		os.Exit(1)
+	}
+}
+
+func (o options) validate() error {
+	var errs []error
+	if o.dsn == "" {
+		errs = append(errs, errors.New("-dsn: required (or $ONCEFLOW_TEST_POSTGRES_DSN)"))
+	}
+	if o.events < 1 || o.batch < 1 || o.conns < 1 || o.rounds < 1 || o.handlers < 1 || o.handlers > 4 {
+		errs = append(errs, errors.New("-events, -batch, -conns and -rounds: at least 1; -handlers: 1 to 4"))
+	}
+	switch o.layout {
+	case "seed", "onceflow", "narrow":
+	default:
+		errs = append(errs, fmt.Errorf("-layout %q: seed, onceflow or narrow", o.layout))
+	}
+	if o.ids != "v4" && o.ids != "v7" {
+		errs = append(errs, fmt.Errorf("-ids %q: v4 or v7", o.ids))
+	}
+	if o.insert && (o.lookup || o.savepoint || o.handlers != 1) {
+		errs = append(errs, errors.New("-insert: without -lookup, -savepoint, and with one handler"))
+	}
+	if o.parent && o.layout != "onceflow" {
+		errs = append(errs, errors.New("-parent: only with -layout onceflow"))
+	}
+	return errors.Join(errs...)
+}
+
+var handlerNames = []string{"emailHandler", "inventoryHandler", "analyticsHandler", "recommenderHandler"}
+
+func run(ctx context.Context, o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	cfg, err := pgxpool.ParseConfig(o.dsn)
+	if err != nil {
+		return fmt.Errorf("parse dsn: %w", err)
+	}
+	cfg.MaxConns = int32(o.conns)
+	cfg.MinConns = int32(o.conns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer pool.Close()
+	fmt.Printf("ceiling: %d events, %d per transaction, %d connections, layout %s, ids %s, %d handler(s)%s%s%s\n",
+		o.events, o.batch, o.conns, o.layout, o.ids, o.handlers, map[bool]string{true: ", into the parent"}[o.parent],
+		map[bool]string{true: ", look-up first"}[o.lookup], map[bool]string{true: ", under a savepoint"}[o.savepoint])
+	var rates, gos, pgs []float64
+	for r := 1; r <= o.rounds; r++ {
+		rate, cpu, err := round(ctx, pool, o)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", r, err)
+		}
+		fmt.Printf("round %d: %.0f events/s, CPU µs/event: go %.2f, postgres %s\n", r, rate, cpu.goPerEvent, cpu.pg())
+		rates, gos, pgs = append(rates, rate), append(gos, cpu.goPerEvent), append(pgs, cpu.pgPerEvent)
+	}
+	fmt.Printf("median: %.0f events/s, CPU µs/event: go %.2f, postgres %.2f\n", median(rates), median(gos), median(pgs))
+	return nil
+}
+
+func median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+// cpuUse is the CPU time per event of this process and of the pool's
+// Postgres backends (negative when unknown).
+type cpuUse struct{ goPerEvent, pgPerEvent float64 }
+
+func (c cpuUse) pg() string {
+	if c.pgPerEvent < 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.2f", c.pgPerEvent)
+}
+
+// processCPU is this process's user and system time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// backendsCPU is the user and system time of the pool's backends, read
+// from /proc (false when a backend cannot be read there).
+func backendsCPU(ctx context.Context, pool *pgxpool.Pool) (time.Duration, bool) {
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	var total time.Duration
+	for _, c := range conns {
+		pid := c.Conn().PgConn().PID()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, false
+		}
+		// Fields after the command's closing parenthesis: utime and stime
+		// are the 14th and 15th of the line, in clock ticks (100 a second).
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 13 {
+			return 0, false
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(u+s) * 10 * time.Millisecond
+	}
+	return total, true
+}
+
+type event struct {
+	id     pgtype.UUID
+	userID int64
+	items  int
+}
+
+func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cpu cpuUse, err error) {
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	schema := "ceiling_" + hex.EncodeToString(suffix[:])
+	if err := create(ctx, pool, schema, o.layout); err != nil {
+		return 0, cpu, err
+	}
+	if !o.keep {
+		defer func() {
+			if _, derr := pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); derr != nil {
+				err = errors.Join(err, fmt.Errorf("drop schema: %w", derr))
+			}
+		}()
+	}
+	evs := make([]event, o.events)
+	for i := range evs {
+		var id uuid.UUID
+		if o.ids == "v7" {
+			id = uuid.Must(uuid.NewV7())
+		} else {
+			id = uuid.New()
+		}
+		n, _ := rand.Int(rand.Reader, big.NewInt(100000))
+		evs[i] = event{id: pgtype.UUID{Bytes: id, Valid: true}, userID: n.Int64() + 1, items: 2}
+	}
+	// Not fatal: the role may lack pg_checkpoint.
+	_, _ = pool.Exec(ctx, "CHECKPOINT")
+
+	processed := pgx.Identifier{schema, "processed_events"}
+	cols := []string{"event_id", "handler", "bus"}
+	switch {
+	case o.layout == "onceflow" && !o.parent:
+		processed = pgx.Identifier{schema, "processed_events_s0"}
+		cols = []string{"event_id", "handler", "bus", "trace_id", "payload_digest", "slice"}
+	case o.layout == "onceflow":
+		cols = []string{"event_id", "handler", "bus", "trace_id", "payload_digest", "slice"}
+	case o.layout == "narrow":
+		cols = []string{"event_id", "handler"}
+	}
+	emails := pgx.Identifier{schema, "emails_sent"}
+	write := func(ctx context.Context, b []event) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if o.lookup {
+			ids := make([]pgtype.UUID, len(b))
+			for i, e := range b {
+				ids[i] = e.id
+			}
+			digest := "NULL::bytea"
+			if o.layout == "onceflow" {
+				digest = "payload_digest"
+			}
+			rows, err := tx.Query(ctx, `SELECT event_id, handler, `+digest+` FROM `+pgx.Identifier{schema, "processed_events"}.Sanitize()+
+				` WHERE event_id = ANY($1::uuid[])`, ids)
+			if err != nil {
+				return fmt.Errorf("look up processed_events: %w", err)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("look up processed_events: %w", err)
+			}
+		}
+		if o.savepoint {
+			if _, err := tx.Exec(ctx, "SAVEPOINT claim"); err != nil {
+				return err
+			}
+		}
+		if o.insert {
+			if err := insertClaims(ctx, tx, processed, o.layout, b); err != nil {
+				return err
+			}
+		}
+		row := make([]any, len(cols))
+		n := len(b) * o.handlers
+		if !o.insert {
+			if _, err := tx.CopyFrom(ctx, processed, cols, pgx.CopyFromSlice(n, func(i int) ([]any, error) {
+				e, h := b[i/o.handlers], i%o.handlers
+				row[0] = e.id
+				switch o.layout {
+				case "narrow":
+					row[1] = int16(h)
+				case "seed":
+					row[1], row[2] = handlerNames[h], "kafka"
+				default:
+					digest := make([]byte, 16) // as wide as onceflow's digest
+					row[1], row[2], row[3], row[4], row[5] = handlerNames[h], "kafka", nil, digest, int32(0)
+				}
+				return row, nil
+			})); err != nil {
+				return fmt.Errorf("copy processed_events: %w", err)
+			}
+		}
+		if o.savepoint {
+			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT claim"); err != nil {
+				return err
+			}
+		}
+		erow := make([]any, 3)
+		if _, err := tx.CopyFrom(ctx, emails, []string{"event_id", "user_id", "subject"}, pgx.CopyFromSlice(len(b), func(i int) ([]any, error) {
+			erow[0], erow[1], erow[2] = b[i].id, b[i].userID, "Order confirmation: "+strconv.Itoa(b[i].items)+" item(s)"
+			return erow, nil
+		})); err != nil {
+			return fmt.Errorf("copy emails_sent: %w", err)
+		}
+		return tx.Commit(ctx)
+	}
+	jobs := make(chan []event)
+	var wg sync.WaitGroup
+	errs := make([]error, o.conns)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var feedErr error
+	pg0, pgOK := backendsCPU(ctx, pool)
+	go0 := processCPU()
+	start := time.Now()
+	for w := range o.conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range jobs {
+				if err := write(ctx, b); err != nil {
+					errs[w] = err
+					cancel()
+					for range jobs {
+					}
+					return
+				}
+			}
+		}()
+	}
+feed:
+	for i := 0; i < len(evs); i += o.batch {
+		if o.lookup && i == analyzeAt {
+			// As onceflow's Writer does (a table with no statistics has
+			// its look-ups planned as scans), and at the same size.
+			if _, err := pool.Exec(ctx, "ANALYZE "+pgx.Identifier{schema, "processed_events"}.Sanitize()); err != nil {
+				feedErr = fmt.Errorf("analyze: %w", err)
+				cancel()
+				break feed
+			}
+		}
+		select {
+		case jobs <- evs[i:min(i+o.batch, len(evs))]:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	el := time.Since(start)
+	goCPU := processCPU() - go0
+	pg1, pgOK1 := backendsCPU(ctx, pool)
+	if err := errors.Join(append(errs, feedErr)...); err != nil {
+		return 0, cpu, err
+	}
+	n := float64(len(evs))
+	cpu = cpuUse{goPerEvent: float64(goCPU.Microseconds()) / n, pgPerEvent: -1}
+	if pgOK && pgOK1 {
+		cpu.pgPerEvent = float64((pg1 - pg0).Microseconds()) / n
+	}
+	var got int64
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+emails.Sanitize()).Scan(&got); err != nil {
+		return 0, cpu, fmt.Errorf("count emails_sent: %w", err)
+	}
+	if got != int64(len(evs)) {
+		return 0, cpu, fmt.Errorf("emails_sent has %d rows, want %d", got, len(evs))
+	}
+	return n / el.Seconds(), cpu, nil
+}
+
+// analyzeAt is the events written before a run with -lookup analyzes
+// processed_events: three times what ANALYZE samples, as onceflow waits.
+const analyzeAt = 90_000
+
+// insertClaims writes b's dedup rows (one handler) by one INSERT … ON
+// CONFLICT DO NOTHING RETURNING, reading what it returns.
+func insertClaims(ctx context.Context, tx pgx.Tx, processed pgx.Identifier, layout string, b []event) error {
+	ids := make([]pgtype.UUID, len(b))
+	for i, e := range b {
+		ids[i] = e.id
+	}
+	var q string
+	switch layout {
+	case "narrow":
+		q = `INSERT INTO ` + processed.Sanitize() + ` (event_id, handler) SELECT id, 0 FROM unnest($1::uuid[]) AS id
+ON CONFLICT DO NOTHING RETURNING event_id`
+	case "seed":
+		q = `INSERT INTO ` + processed.Sanitize() + ` (event_id, handler, bus) SELECT id, 'emailHandler', 'kafka' FROM unnest($1::uuid[]) AS id
+ON CONFLICT DO NOTHING RETURNING event_id`
+	default:
+		q = `INSERT INTO ` + processed.Sanitize() + ` (event_id, handler, bus, payload_digest, slice)
+SELECT id, 'emailHandler', 'kafka', '\x00112233445566778899aabbccddeeff'::bytea, 0 FROM unnest($1::uuid[]) AS id
+ON CONFLICT DO NOTHING RETURNING event_id`
+	}
+	rows, err := tx.Query(ctx, q, ids)
+	if err != nil {
+		return fmt.Errorf("insert processed_events: %w", err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("insert processed_events: %w", err)
+	}
+	if n != len(b) {
+		return fmt.Errorf("insert processed_events: %d rows inserted, want %d", n, len(b))
+	}
+	return nil
+}
+
+// create makes schema with emails_sent as the demo defines it and
+// processed_events in layout.
+func create(ctx context.Context, pool *pgxpool.Pool, schema, layout string) error {
+	s := pgx.Identifier{schema}.Sanitize()
+	var processed string
+	switch layout {
+	case "seed":
+		processed = `CREATE TABLE ` + s + `.processed_events (
+    event_id     uuid        NOT NULL,
+    handler      text        NOT NULL,
+    bus          text        NOT NULL,
+    processed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (event_id, handler)
+);`
+	case "narrow":
+		processed = `CREATE TABLE ` + s + `.processed_events (
+    event_id uuid     NOT NULL,
+    handler  smallint NOT NULL,
+    PRIMARY KEY (event_id, handler)
+);`
+	case "onceflow":
+		processed = `CREATE TABLE ` + s + `.processed_events (
+    event_id       uuid        NOT NULL,
+    handler        text        NOT NULL,
+    bus            text        NOT NULL,
+    processed_at   timestamptz NOT NULL DEFAULT now(),
+    trace_id       text,
+    payload_digest bytea,
+    slice          integer     NOT NULL DEFAULT 0,
+    PRIMARY KEY (event_id, handler, slice)
+) PARTITION BY LIST (slice);
+CREATE TABLE ` + s + `.processed_events_s0 PARTITION OF ` + s + `.processed_events FOR VALUES IN (0);`
+	}
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+s+`;
+`+processed+`
+CREATE TABLE `+s+`.emails_sent (
+    id       bigserial   PRIMARY KEY,
+    event_id uuid        NOT NULL,
+    user_id  bigint      NOT NULL,
+    subject  text        NOT NULL,
+    sent_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX emails_sent_event_id ON `+s+`.emails_sent (event_id);`)
+	if err != nil {
+		return fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	return nil
+}
