@@ -155,7 +155,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 	f.StringVar(&backfill, "backfill", "", "backfill this handler: it applies the history its siblings already applied")
 	f.BoolVar(&dryRun, "dry-run", false, "count what the rewind would read, apply and skip; change nothing")
 	f.BoolVar(&risk, "risk-reapplying-effects", false, "allow a rewind older than the dedup horizon, whose effects may be applied again")
-	f.StringSliceVar(&removeStatic, "remove-static-members", nil, "before the rewind, remove these stopped static members (instance ids, comma-separated) from the group")
+	f.StringSliceVar(&removeStatic, "remove-static-members", nil, "before the rewind, remove these stopped static members (instance ids, comma-separated) from the group; none is removed if the rewind would still be refused")
 	return cmd
 }
 
