@@ -119,9 +119,9 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 					printPlan(out, plan, req, true)
 					switch {
 					case errors.Is(members, replay.ErrGroupActive):
-						fmt.Fprintf(out, "REFUSED while the group has members: the rewind would change nothing as the group stands: %v\n", members)
+						fmt.Fprintf(out, "REFUSED while the group has members (the real run would stop here, changing nothing): %v\n", members)
 					case refused:
-						fmt.Fprintf(out, "REFUSED: the rewind would change nothing: %v\n", members)
+						fmt.Fprintf(out, "REFUSED (the real run would stop here, changing nothing): %v\n", members)
 					case len(removeStatic) > 0:
 						fmt.Fprintf(out, "group members: the rewind would first remove static member(s) %s, and then find the group empty (the dry run removed nothing)\n", strings.Join(removeStatic, ","))
 					default:

@@ -92,7 +92,7 @@ VALUES ('g', 'orders', 0, 3, $1, 'rejected: not an order: items is empty'), ('g'
 	if err != nil {
 		t.Fatalf("dry run --remove-static-members ghost: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "\nREFUSED: ") || !strings.Contains(out, "no static member with instance id ghost") || !strings.Contains(out, "total") {
+	if !strings.Contains(out, "\nREFUSED (") || !strings.Contains(out, "no static member with instance id ghost") || !strings.Contains(out, "total") {
 		t.Errorf("dry run --remove-static-members ghost does not count and say the id is no member's:\n%s", out)
 	}
 }
