@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -45,13 +46,17 @@ already in processed_events is skipped, so nothing is applied twice.
                  rewind (to the log start unless --to-time is given) so that
                  H applies the history while its siblings skip it
 
-The group must be stopped: replay refuses while it has members. A static
-member (kafka.instance_id) stays in the group when it is stopped, to restart
-in place, until its session timeout expires: the refusal names such members'
-instance ids; --remove-static-members ID,... removes them first (under the
-consumer protocol only members that left, never a running one; under the
-classic protocol the brokers cannot tell, so name only stopped members: a
-running one would rejoin, and go on from the rewound offsets). A rewind
+The group must be stopped: replay refuses while it has members. A member
+that crashed (killed, its host lost) stays listed until its session timeout
+expires, and a static member (kafka.instance_id) that is stopped stays too,
+to restart in place: the refusal names the members, says how long they stay
+listed, and names static members' instance ids; --remove-static-members
+ID,... removes them first (under the consumer protocol only members that
+left, never one listed as running; under the classic protocol the brokers
+cannot tell, so name only stopped members: a running one would rejoin, and
+go on from the rewound offsets). It removes nothing when the rewind would be
+refused anyway (an id no member holds, a member it does not name): name
+them all. A rewind
 that reaches records older than the dedup horizon (dedup.retention, a week
 by default: processed_events rows older than that may be gone, so those
 records' effects would apply again) is refused unless
@@ -63,7 +68,9 @@ prints, per partition and handler, what the re-read would do with each
 applied with another payload: a dead letter), REFUSED (the handlers' shared
 parse refuses the event: a dead letter), DL-BEFORE (a handler dead-lettered
 the event on an earlier read: the handlers run on it again), and per
-partition the UNDECODABLE records (dead letters). It changes nothing. What
+partition the UNDECODABLE records (dead letters), and whether the real
+run would be refused for the group's members (checking the ids given to
+--remove-static-members as the real run does). It changes nothing. What
 it cannot know is what only running a handler tells: whether it refuses an
 event (a sink.RejectError, a data error in Postgres) it has not refused
 before, counted in APPLY, or accepts one it refused before, counted in
@@ -101,7 +108,25 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 					if err := r.Count(ctx, plan); err != nil {
 						return err
 					}
+					// Whether the real run would be refused for the group's
+					// members, checking the ids to remove as it would.
+					members := r.CheckStopped(ctx, removeStatic...)
+					refused := errors.Is(members, replay.ErrGroupActive) || errors.Is(members, replay.ErrNoSuchStaticMember)
+					if members != nil && !refused {
+						printPlan(out, plan, req, true)
+						return members
+					}
 					printPlan(out, plan, req, true)
+					switch {
+					case errors.Is(members, replay.ErrGroupActive):
+						fmt.Fprintf(out, "REFUSED while the group has members (the real run would stop here, changing nothing): %v\n", members)
+					case refused:
+						fmt.Fprintf(out, "REFUSED (the real run would stop here, changing nothing): %v\n", members)
+					case len(removeStatic) > 0:
+						fmt.Fprintf(out, "group members: the rewind would first remove static member(s) %s, and then find the group empty (the dry run removed nothing)\n", strings.Join(removeStatic, ","))
+					default:
+						fmt.Fprintln(out, "group members: none (the rewind would not be refused for members)")
+					}
 					return nil
 				}
 				if !plan.Moves() {
@@ -130,7 +155,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 	f.StringVar(&backfill, "backfill", "", "backfill this handler: it applies the history its siblings already applied")
 	f.BoolVar(&dryRun, "dry-run", false, "count what the rewind would read, apply and skip; change nothing")
 	f.BoolVar(&risk, "risk-reapplying-effects", false, "allow a rewind older than the dedup horizon, whose effects may be applied again")
-	f.StringSliceVar(&removeStatic, "remove-static-members", nil, "before the rewind, remove these stopped static members (instance ids, comma-separated) from the group")
+	f.StringSliceVar(&removeStatic, "remove-static-members", nil, "before the rewind, remove these stopped static members (instance ids, comma-separated) from the group; none is removed if the rewind would still be refused")
 	return cmd
 }
 

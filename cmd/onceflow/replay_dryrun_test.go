@@ -82,4 +82,17 @@ VALUES ('g', 'orders', 0, 3, $1, 'rejected: not an order: items is empty'), ('g'
 	if !strings.Contains(out, "only known by running it") {
 		t.Errorf("dry run output does not say what it cannot know:\n%s", out)
 	}
+	if !strings.Contains(out, "group members: none") {
+		t.Errorf("dry run output does not say the group has no member:\n%s", out)
+	}
+	// An instance id no member holds: the real run would refuse it; the
+	// dry run says so, and still counts.
+	out, err = runCLI(t, io.Discard, "replay", "--dsn", sinktest.DSN(t), "--schema", schema, "--brokers", strings.Join(seeds, ","),
+		"--topics", "orders", "--group", "g", "--handlers", "emailHandler", "--to-start", "--dry-run", "--remove-static-members", "ghost")
+	if err != nil {
+		t.Fatalf("dry run --remove-static-members ghost: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "\nREFUSED (") || !strings.Contains(out, "no static member with instance id ghost") || !strings.Contains(out, "total") {
+		t.Errorf("dry run --remove-static-members ghost does not count and say the id is no member's:\n%s", out)
+	}
 }

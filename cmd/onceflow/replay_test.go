@@ -102,7 +102,9 @@ func TestReplayCommand(t *testing.T) {
 
 // `onceflow replay` right after a static member's stop (a SIGTERM's drain)
 // is refused, under both protocols, naming the member's instance id and
-// the option that removes it; with --remove-static-members it rewinds.
+// the option that removes it; --dry-run says so too, checking the ids
+// given to --remove-static-members, and removes nothing; with
+// --remove-static-members it rewinds.
 func TestReplayAfterStaticMemberStop(t *testing.T) {
 	for name, seeds := range testBrokers(t) {
 		for _, protocol := range []string{"classic", "consumer"} {
@@ -188,6 +190,39 @@ log:
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("the refusal does not say %q", want)
 					}
+				}
+				// The dry run says the real run would be refused, and why,
+				// and checks the ids given to --remove-static-members as the
+				// real run does; it still prints its counts and exits 0.
+				for _, c := range []struct {
+					remove string
+					want   []string
+					refuse bool
+				}{
+					{"", []string{"\nREFUSED while the group has members", "onceflow-0", "--remove-static-members onceflow-0"}, true},
+					{"nosuch", []string{"\nREFUSED while the group has members", "nosuch", "onceflow-0"}, true},
+					{"onceflow-0", []string{"would first remove static member(s) onceflow-0"}, false},
+				} {
+					args := []string{"replay", "--config", file, "--to-start", "--dry-run"}
+					if c.remove != "" {
+						args = append(args, "--remove-static-members", c.remove)
+					}
+					out, err := runCLI(t, io.Discard, args...)
+					if err != nil {
+						t.Fatalf("dry run --remove-static-members %q: %v\n%s", c.remove, err, out)
+					}
+					t.Logf("dry run --remove-static-members %q:\n%s", c.remove, out)
+					for _, want := range append(c.want, "total") {
+						if !strings.Contains(out, want) {
+							t.Errorf("dry run --remove-static-members %q does not say %q", c.remove, want)
+						}
+					}
+					if !c.refuse && strings.Contains(out, "\nREFUSED") {
+						t.Errorf("dry run --remove-static-members %q says the rewind would be refused", c.remove)
+					}
+				}
+				if _, err := runCLI(t, io.Discard, "replay", "--config", file, "--to-start"); err == nil || !strings.Contains(err.Error(), "onceflow-0") {
+					t.Errorf("replay after the dry runs: err = %v, want still refused for onceflow-0 (a dry run removes nothing)", err)
 				}
 				out, err = runCLI(t, io.Discard, "replay", "--config", file, "--to-start", "--remove-static-members", "onceflow-0")
 				if err != nil {

@@ -16,7 +16,13 @@
 // which handler, whether forced).
 //
 // The group must be stopped: Rewind asks the group coordinator and refuses
-// while the group has members. A target past the group's position is
+// while the group has members. The brokers list a member that crashed
+// until its session timeout expires, and a static member that stopped
+// too (it keeps its place for a restart); the refusal says which and for
+// how long. RemoveStaticMembers removes stopped static members, but only
+// when that leaves the group empty: it removes nothing when the rewind
+// would be refused anyway. CheckStopped tells, without changing anything,
+// whether a rewind would be refused. A target past the group's position is
 // refused: that would skip records, not replay them.
 //
 // # Why replaying is safe, and its horizon

@@ -131,6 +131,13 @@ func (e *env) start(handlers ...string) members.Member {
 // edited by edit when it is not nil.
 func (e *env) startAs(name string, edit func(*processor.Config), handlers ...string) members.Member {
 	e.t.Helper()
+	return e.startWith(name, false, edit, handlers...)
+}
+
+// startWith is startAs, with the member's Crash a SIGKILL's when kill is
+// set (it stays in the group until its session times out).
+func (e *env) startWith(name string, kill bool, edit func(*processor.Config), handlers ...string) members.Member {
+	e.t.Helper()
 	hs, err := orders.Handlers(e.schema, handlers...)
 	if err != nil {
 		e.t.Fatal(err)
@@ -143,7 +150,7 @@ func (e *env) startAs(name string, edit func(*processor.Config), handlers ...str
 	}
 	start := members.InProcess(members.InProcessConfig{
 		Pool: e.pool, LRUSize: 1000, Consumer: cc,
-		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs},
+		Writer: sink.Config{Schema: e.schema, Group: e.group, Handlers: hs}, Kill: kill,
 	})
 	m, err := start(e.t.Context(), name)
 	if err != nil {
