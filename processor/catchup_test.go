@@ -25,6 +25,8 @@ func TestKafkaOffsetCatchesUpOnIdlePartition(t *testing.T) {
 		// lose makes Kafka's committed offset lag behind the stored end:
 		// "older" commits an older offset with an admin client while no
 		// member runs; "abort" aborts the member before any commit.
+		// "ahead" commits an offset past the stored one instead, which the
+		// next owner leaves alone: a catch-up never moves Kafka back.
 		lose string
 		// stopAtOnce stops the next owner as soon as it has the partition,
 		// before any background commit: its shutdown commits the offset.
@@ -39,6 +41,7 @@ func TestKafkaOffsetCatchesUpOnIdlePartition(t *testing.T) {
 		{name: "aborted before commit, consumer", protocol: processor.ConsumerProtocol, lose: "abort"},
 		{name: "stopped at once", protocol: processor.ClassicProtocol, lose: "older", stopAtOnce: true},
 		{name: "records after the catch-up", protocol: processor.ConsumerProtocol, lose: "older", more: 10},
+		{name: "kafka ahead", protocol: processor.ClassicProtocol, lose: "ahead", stopAtOnce: true},
 	}
 	eachPlainBroker(t, func(t *testing.T, b broker) {
 		for _, tc := range cases {
@@ -62,16 +65,20 @@ func TestKafkaOffsetCatchesUpOnIdlePartition(t *testing.T) {
 				case "abort":
 					first.c.Abort()
 					first.stop(t)
-				case "older":
+				case "older", "ahead":
 					first.stop(t)
-					older := kadm.Offsets{}
-					older.AddOffset(e.topic, 0, end/3, -1)
-					if err := kadm.NewClient(e.client()).CommitAllOffsets(t.Context(), e.group, older); err != nil {
-						t.Fatalf("commit an older offset with an admin client: %v", err)
+					at := end / 3
+					if tc.lose == "ahead" {
+						at = end + 5
+					}
+					set := kadm.Offsets{}
+					set.AddOffset(e.topic, 0, at, -1)
+					if err := kadm.NewClient(e.client()).CommitAllOffsets(t.Context(), e.group, set); err != nil {
+						t.Fatalf("commit offset %d with an admin client: %v", at, err)
 					}
 				}
 				before := e.kafkaCommitted()
-				if before >= end {
+				if before >= end && tc.lose != "ahead" {
 					t.Fatalf("Kafka committed %d before the next owner starts, want less than the stored %d", before, end)
 				}
 
@@ -96,7 +103,14 @@ func TestKafkaOffsetCatchesUpOnIdlePartition(t *testing.T) {
 					want = e.logEnds()[0]
 					e.waitStored(map[int32]int64{0: want}, 60*time.Second)
 				}
-				e.waitKafkaCommitted(want, before)
+				if tc.lose == "ahead" {
+					// The owner's shutdown committed whatever it had marked.
+					if got := e.kafkaCommitted(); got != before {
+						t.Errorf("Kafka committed %d after the next owner stopped, want %d still: moved back to the stored %d", got, before, end)
+					}
+				} else {
+					e.waitKafkaCommitted(want, before)
+				}
 				if !tc.stopAtOnce {
 					next.stop(t)
 					if got := e.kafkaCommitted(); got != want {
