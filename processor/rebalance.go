@@ -33,12 +33,24 @@ func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[strin
 // offset stored in Postgres whenever there is one, whatever Kafka has
 // committed — and starts their workers. It waits for Postgres as long as
 // the assignment lasts.
+//
+// A partition that resumes from its stored offset while the group's
+// committed offset in Kafka is behind it, or absent (a commit refused
+// with UNKNOWN_MEMBER_ID or lost in a crash), has that offset marked for
+// commit at once: the next commit of this member (in the background, on
+// revoke or on shutdown, under its generation or member epoch) brings
+// Kafka's committed offset up to what Postgres holds, new records or
+// none. A mark never moves back, so a batch's later mark is never undone;
+// a commit the broker refuses (this member no longer owns the partition)
+// is logged as any other (commitDone) and changes nothing in Postgres.
+// An offset Kafka is ahead of is not committed back.
 func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	select {
 	case <-c.clientSet: // c.cl is used below
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	catchUp := map[string]map[int32]kgo.EpochOffset{}
 	for _, topic := range slices.Sorted(maps.Keys(offsets)) {
 		parts := offsets[topic]
 		ps := slices.Sorted(maps.Keys(parts))
@@ -53,16 +65,30 @@ func (c *Consumer) adjust(ctx context.Context, offsets map[string]map[int32]kgo.
 		}
 		bounds := c.logBounds(ctx, topic, leases)
 		for _, p := range ps {
-			c.start(topic, p, leases[p], parts, bounds[p], id)
+			if c.start(topic, p, leases[p], parts, bounds[p], id) {
+				if catchUp[topic] == nil {
+					catchUp[topic] = map[int32]kgo.EpochOffset{}
+				}
+				catchUp[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: leases[p].NextOffset}
+			}
 		}
 	}
+	// During an assignment's offset fetch, franz-go records a SetOffsets
+	// as the partitions' start (the same as returned) and as their marked
+	// offsets, which its next commit sends over the commits it fetched.
+	// Set only once every topic is started: when adjust fails (the
+	// assignment is being revoked), no seek of it is left for a retried
+	// fetch to apply over that retry's own decision.
+	c.cl.SetOffsets(catchUp)
 	return offsets, nil
 }
 
 // start decides where partition p of topic starts, sets it in parts, and
 // starts its worker (or leaves it paused when its stored offset is out of
-// range and the policy says so).
-func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kgo.Offset, b logBounds, id uuid.NullUUID) {
+// range and the policy says so). It reports whether the partition resumes
+// from its stored offset and Kafka's committed offset is behind it (or
+// absent): that offset is then to be committed to Kafka (see adjust).
+func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kgo.Offset, b logBounds, id uuid.NullUUID) (catchUp bool) {
 	k := tp{topic, p}
 	next := int64(-1)
 	paused := false
@@ -94,7 +120,14 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 		if recreated && !b.known && !paused {
 			parts[p] = kgo.NewOffset().AtStart()
 		}
-		if next != committed {
+		// committed is negative when Kafka has no commit (the reset
+		// offset stands in for it).
+		catchUp = !paused && !recreated && next == s && s > committed
+		switch {
+		case catchUp:
+			c.log.Info("resuming from the offset stored in postgres; committing it to kafka, whose committed offset is behind",
+				"topic", topic, "partition", p, "offset", next, "kafka_committed", committed)
+		case next != committed:
 			c.log.Info("resuming from the offset stored in postgres", "topic", topic, "partition", p,
 				"offset", next, "kafka_committed", committed)
 		}
@@ -111,10 +144,11 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 	c.stats.assigned.Add(1)
 	if paused {
 		c.cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
-		return
+		return false
 	}
 	part.w = c.newWorker(k, l, next)
 	c.cl.ResumeFetchPartitions(map[string][]int32{topic: {p}})
+	return catchUp
 }
 
 // take takes partitions in Postgres, retrying with backoff until it
