@@ -471,6 +471,9 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(c.cfg.CommitInterval),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
+		// Classic only (under KIP-848 the broker sets it): franz-go's
+		// fixed 3s is no heartbeat at all within a session of 3s or less.
+		kgo.HeartbeatInterval(c.cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),
