@@ -93,8 +93,8 @@ type Config struct {
 	// well within the session loses its partitions at every session, for
 	// ever; a value set must be at most a third of SessionTimeout. Under
 	// ConsumerProtocol the broker sets the interval
-	// (group.consumer.heartbeat.interval.ms) and HeartbeatInterval is not
-	// used.
+	// (group.consumer.heartbeat.interval.ms) and HeartbeatInterval only
+	// paces the heartbeats retried after a failed one.
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds finishing in-flight batches on revoke or
 	// shutdown; what is not committed by then is aborted (rolled back),
