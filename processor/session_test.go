@@ -1,13 +1,17 @@
 package processor_test
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/orders"
+	"github.com/onceflow/onceflow/processor"
 )
 
 // A classic member with a short session (3s, which a broker whose
@@ -46,4 +50,33 @@ func TestClassicShortSessionKeepsPartitions(t *testing.T) {
 		m.stop(t)
 		e.checkExactlyOnce(stream.Unique)
 	})
+}
+
+// A session the brokers refuse (below their group.min.session.timeout.ms,
+// 6s by default) is a configuration error: the member stops, Run
+// returning ErrSessionRefused, instead of asking to join for ever.
+func TestRefusedSessionStopsTheMember(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(6*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	e := newEnv(t, broker{name: "kfake", start: func(t *testing.T, topic string, partitions int32, extra ...string) []string {
+		createTopics(t, cluster.ListenAddrs(), partitions, append([]string{topic}, extra...)...)
+		return cluster.ListenAddrs()
+	}}, 1)
+	m := e.start(e.config("m1"), e.writer(100)) // a 3s session
+	var runErr error
+	select {
+	case runErr = <-m.done:
+		m.once.Do(func() {}) // collected here
+	case <-time.After(60 * time.Second):
+		t.Fatal("a member whose session the brokers refuse did not stop")
+	}
+	if !errors.Is(runErr, processor.ErrSessionRefused) || !strings.Contains(runErr.Error(), "kafka.session_timeout 3s") {
+		t.Fatalf("Run returned %v, want ErrSessionRefused naming kafka.session_timeout 3s", runErr)
+	}
+	if err := m.c.Ready(); !errors.Is(err, processor.ErrSessionRefused) {
+		t.Errorf("Ready() = %v, want ErrSessionRefused", err)
+	}
 }
