@@ -86,6 +86,16 @@ type Config struct {
 	// (group.consumer.session.timeout.ms) and SessionTimeout is not used.
 	SessionTimeout   time.Duration
 	RebalanceTimeout time.Duration
+	// HeartbeatInterval is how often a ClassicProtocol member heartbeats
+	// to keep its session. Zero (the default) derives it from the
+	// session: a third of SessionTimeout, at most 3s (DefaultHeartbeatInterval),
+	// as Kafka's consumer advises. A member whose heartbeat does not come
+	// well within the session loses its partitions at every session, for
+	// ever; a value set must be at most a third of SessionTimeout. Under
+	// ConsumerProtocol the broker sets the interval
+	// (group.consumer.heartbeat.interval.ms) and HeartbeatInterval only
+	// paces the heartbeats retried after a failed one.
+	HeartbeatInterval time.Duration
 	// DrainTimeout bounds finishing in-flight batches on revoke or
 	// shutdown; what is not committed by then is aborted (rolled back),
 	// but for a COMMIT already sent, whose answer is waited for (see
@@ -196,6 +206,7 @@ func (c Config) withDefaults() Config {
 	def(&c.CommitInterval, DefaultCommitInterval)
 	def(&c.SessionTimeout, DefaultSessionTimeout)
 	def(&c.RebalanceTimeout, DefaultRebalanceTimeout)
+	def(&c.HeartbeatInterval, heartbeatFor(c.SessionTimeout))
 	def(&c.DrainTimeout, DefaultDrainTimeout)
 	def(&c.RetryBackoff, DefaultRetryBackoff)
 	def(&c.MaxRetryBackoff, DefaultMaxRetryBackoff)
@@ -242,10 +253,10 @@ func (c Config) Validate() error {
 	}
 	positive := map[string]time.Duration{
 		"BatchLinger": c.BatchLinger, "CommitInterval": c.CommitInterval, "SessionTimeout": c.SessionTimeout,
-		"RebalanceTimeout": c.RebalanceTimeout, "DrainTimeout": c.DrainTimeout, "RetryBackoff": c.RetryBackoff,
+		"HeartbeatInterval": c.HeartbeatInterval, "RebalanceTimeout": c.RebalanceTimeout, "DrainTimeout": c.DrainTimeout, "RetryBackoff": c.RetryBackoff,
 		"MaxRetryBackoff": c.MaxRetryBackoff, "CallTimeout": c.CallTimeout, "ProduceTimeout": c.ProduceTimeout,
 	}
-	for _, name := range []string{"BatchLinger", "CommitInterval", "SessionTimeout", "RebalanceTimeout", "DrainTimeout",
+	for _, name := range []string{"BatchLinger", "CommitInterval", "SessionTimeout", "HeartbeatInterval", "RebalanceTimeout", "DrainTimeout",
 		"RetryBackoff", "MaxRetryBackoff", "CallTimeout", "ProduceTimeout"} {
 		if positive[name] < 0 {
 			bad("%s %v is negative", name, positive[name])
@@ -253,6 +264,10 @@ func (c Config) Validate() error {
 	}
 	if c.BatchLinger > time.Minute {
 		bad("BatchLinger %v is over 1m", c.BatchLinger)
+	}
+	if c.HeartbeatInterval > 0 && c.SessionTimeout > 0 && c.HeartbeatInterval > c.SessionTimeout/3 {
+		bad("HeartbeatInterval %v is above a third of SessionTimeout %v (%v): the member would lose its session between heartbeats",
+			c.HeartbeatInterval, c.SessionTimeout, c.SessionTimeout/3)
 	}
 	if c.DrainTimeout >= c.RebalanceTimeout {
 		bad("DrainTimeout %v must be shorter than RebalanceTimeout %v (a revoke must finish within the rebalance)", c.DrainTimeout, c.RebalanceTimeout)
@@ -278,4 +293,19 @@ func (c Config) Validate() error {
 		ps = append(ps, err)
 	}
 	return errors.Join(ps...)
+}
+
+// DefaultHeartbeatInterval is the longest heartbeat interval a zero
+// Config.HeartbeatInterval derives (franz-go's and Kafka's default);
+// shorter sessions get a third of theirs.
+const DefaultHeartbeatInterval = 3 * time.Second
+
+// heartbeatFor is the heartbeat interval a session of d gets when
+// Config.HeartbeatInterval is zero: a third of it, at most
+// DefaultHeartbeatInterval.
+func heartbeatFor(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultHeartbeatInterval
+	}
+	return min(DefaultHeartbeatInterval, d/3)
 }

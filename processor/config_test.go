@@ -3,6 +3,7 @@ package processor_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceflow/onceflow/processor"
 )
@@ -72,6 +73,37 @@ func TestValidateGroupProtocol(t *testing.T) {
 			}
 			if _, nerr := processor.New(c, nil); nerr == nil || !strings.Contains(nerr.Error(), tc.want[0]) {
 				t.Errorf("New() = %v, want the same problems as Validate", nerr)
+			}
+		})
+	}
+}
+
+func TestValidateHeartbeatInterval(t *testing.T) {
+	base := processor.Config{Brokers: []string{"127.0.0.1:1"}, Topics: []string{"t"}, Group: "g"}
+	for _, tc := range []struct {
+		name               string
+		session, heartbeat time.Duration
+		want               string // "" = valid
+	}{
+		{"defaults", 0, 0, ""},
+		{"derived from a short session", 3 * time.Second, 0, ""},
+		{"derived from a very short session", 300 * time.Millisecond, 0, ""},
+		{"a third of the session", 3 * time.Second, time.Second, ""},
+		{"franz-go's default within a 3s session", 3 * time.Second, 3 * time.Second,
+			"HeartbeatInterval 3s is above a third of SessionTimeout 3s (1s)"},
+		{"above a third of the default session", 0, 4 * time.Second,
+			"HeartbeatInterval 4s is above a third of SessionTimeout 10s (3.333333333s)"},
+		{"negative", 0, -time.Second, "HeartbeatInterval -1s is negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			c.SessionTimeout, c.HeartbeatInterval = tc.session, tc.heartbeat
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Validate() = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
 		})
 	}

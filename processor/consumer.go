@@ -129,7 +129,8 @@ type Consumer struct {
 	repeats repeats
 	// commits says each Kafka commit refused for the member's epoch once
 	// (offsets.go); fencedBy is set when another member took this one's
-	// instance id (protocol.go); refused while the group refuses this
+	// instance id, or the brokers refused its session (protocol.go): Run
+	// returns it; refused while the group refuses this
 	// member (another live member holds its instance id, or a classic
 	// group does not take a consumer-protocol member), until it joins;
 	// groupMissing once a consumer-protocol join was answered
@@ -471,6 +472,9 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(c.cfg.CommitInterval),
 		kgo.SessionTimeout(c.cfg.SessionTimeout),
+		// Classic only (under KIP-848 the broker sets it): franz-go's
+		// fixed 3s is no heartbeat at all within a session of 3s or less.
+		kgo.HeartbeatInterval(c.cfg.HeartbeatInterval),
 		kgo.RebalanceTimeout(c.cfg.RebalanceTimeout),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(c.revoked),

@@ -43,6 +43,14 @@ const (
 // as both run.
 var ErrInstanceFenced = errors.New("processor: another member joined the group with this member's instance id")
 
+// ErrSessionRefused is returned by Run (wrapped, naming the session
+// timeout) when the brokers refuse a ClassicProtocol member's
+// SessionTimeout (INVALID_SESSION_TIMEOUT): it lies outside their
+// group.min.session.timeout.ms and group.max.session.timeout.ms (6s and
+// 30m by default). The member never joined; it stops rather than ask
+// again for as long as it runs.
+var ErrSessionRefused = errors.New("processor: the brokers refuse the group's session timeout")
+
 // ErrInstanceHeld is what Ready returns (wrapped, naming the group and
 // the instance id) while, under ConsumerProtocol, the broker refuses this
 // member (UNRELEASED_INSTANCE_ID) because another live member holds its
@@ -116,6 +124,15 @@ func (h groupErrors) OnGroupManageError(err error) {
 		if c.fencedBy.CompareAndSwap(nil, &ferr) {
 			c.log.Error("another member joined with this member's instance id and took its partitions; this member stops",
 				"group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err)
+		}
+		c.abort(true)
+	case errors.Is(err, kerr.InvalidSessionTimeout):
+		// A configuration error: asking again gets the same answer.
+		serr := fmt.Errorf("%w: kafka.session_timeout %v is outside the brokers' group.min.session.timeout.ms .. group.max.session.timeout.ms (6s .. 30m by default) in group %s",
+			ErrSessionRefused, c.cfg.SessionTimeout, c.cfg.Group)
+		if c.fencedBy.CompareAndSwap(nil, &serr) {
+			c.log.Error("the brokers refuse this member's session timeout; this member stops",
+				"group", c.cfg.Group, "session_timeout", c.cfg.SessionTimeout, "err", err)
 		}
 		c.abort(true)
 	case errors.Is(err, kerr.GroupIDNotFound) && c.cfg.GroupProtocol == ConsumerProtocol:

@@ -111,8 +111,12 @@ func (c Class) String() string {
 // what becomes a dead letter:
 //
 //   - Transient: lost or refused connections (SQLSTATE class 08, network
-//     errors, EOF), the server shutting down or starting (57P01-57P03),
-//     serialization failures and deadlocks (40001, 40P01, 40003), lock
+//     errors, EOF, a closed connection), the server shutting down or
+//     starting (57P01-57P03), a connection the server ended for being idle
+//     in a transaction, in a session or for a transaction's length (25P03
+//     idle_in_transaction_session_timeout, as after a frozen process
+//     resumes; 57P05 idle_session_timeout; 25P04 transaction_timeout),
+//     whatever step of the batch met it, serialization failures and deadlocks (40001, 40P01, 40003), lock
 //     and statement timeouts (55P03, 57014), insufficient resources (class
 //     53), system and I/O errors (class 58), a read-only transaction during
 //     a failover (25006), and the transaction's own deadline.
@@ -159,7 +163,11 @@ func classifySQLState(code string) Class {
 		return Unknown
 	}
 	switch code {
-	case "40001", "40P01", "40003", "55P03", "57014", "57P01", "57P02", "57P03", "25006":
+	case "40001", "40P01", "40003", "55P03", "57014", "25006",
+		// The server ended the connection: shutting down or starting,
+		// an administrator's pg_terminate_backend, or a timeout on an
+		// idle transaction, an idle session, a transaction's length.
+		"57P01", "57P02", "57P03", "25P03", "57P05", "25P04":
 		return Transient
 	case "21000":
 		return Data

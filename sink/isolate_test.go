@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -64,6 +65,51 @@ func TestClassify(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := sink.Classify(tc.err); got != tc.want {
 				t.Errorf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// A connection the server ended (a FATAL error: an idle transaction past
+// idle_in_transaction_session_timeout, a transaction past
+// transaction_timeout, an idle session past idle_session_timeout, an
+// administrator's pg_terminate_backend, a shutdown) is transient whatever
+// step of the batch met it: the batch is written again on a new
+// connection.
+func TestClassifyTerminatedConnection(t *testing.T) {
+	fatal := func(code string) *pgconn.PgError {
+		return &pgconn.PgError{Severity: "FATAL", Code: code, Message: "terminating connection"}
+	}
+	for _, code := range []string{
+		"25P03", // idle_in_transaction_session_timeout
+		"25P04", // transaction_timeout (PostgreSQL 17)
+		"57P05", // idle_session_timeout
+		"57P01", // admin_shutdown, pg_terminate_backend
+		"57P02", // crash_shutdown
+		"57P03", // cannot_connect_now
+		"08006", // connection_failure
+		"08003", // connection_does_not_exist
+		"08P01", // protocol_violation
+	} {
+		for _, step := range []string{"claim events", "read payload digests: look up claims", "handler h", "store offset", "commit"} {
+			t.Run(code+" "+step, func(t *testing.T) {
+				err := fmt.Errorf("%s: %w", step, fatal(code))
+				if got := sink.Classify(err); got != sink.Transient {
+					t.Errorf("Classify(%v) = %v, want %v", err, got, sink.Transient)
+				}
+			})
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"conn closed", fmt.Errorf("store offset: %w", pgconn.ErrConnClosed)},
+		{"conn closed, rollback", errors.Join(fmt.Errorf("commit: %w", fatal("25P03")), fmt.Errorf("rollback: %w", pgconn.ErrConnClosed))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sink.Classify(tc.err); got != sink.Transient {
+				t.Errorf("Classify(%v) = %v, want %v", tc.err, got, sink.Transient)
 			}
 		})
 	}
@@ -354,5 +400,57 @@ func TestWriteIsolatesFirstCopyOfRepeat(t *testing.T) {
 	}
 	if want := dedup.PayloadDigest(vals[1]); string(stored) != string(want[:]) {
 		t.Errorf("stored digest %x, want the second copy's %x", stored, want)
+	}
+}
+
+// stalling stalls its first Apply for d without a statement, as a process
+// frozen (SIGSTOP) in the middle of a batch's transaction does.
+type stalling struct {
+	d     time.Duration
+	calls int
+}
+
+func (*stalling) Name() string { return "stalling" }
+
+func (s *stalling) Apply(context.Context, pgx.Tx, []sink.Event) error {
+	if s.calls++; s.calls == 1 {
+		time.Sleep(s.d)
+	}
+	return nil
+}
+
+// A batch whose connection Postgres ended because the transaction sat idle
+// past postgres.idle_in_transaction_timeout (SQLSTATE 25P03, what a member
+// frozen mid-batch meets when it resumes) fails transient, with nothing
+// written, and the same batch then commits once on a new connection.
+func TestWriteIdleInTransactionTimeoutIsTransient(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	ctx := t.Context()
+	stall := &stalling{d: time.Second}
+	w := writerWith(t, pool, schema, sink.Config{Handlers: []sink.Handler{stall},
+		IdleTimeout: 100 * time.Millisecond})
+	epoch := take(t, w)
+
+	id := uuid.New()
+	b := &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: -1, NextOffset: 1,
+		Events: events(0, []uuid.UUID{id}, [][]byte{order(1, "A")})}
+	_, err := w.Write(ctx, b)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25P03" {
+		t.Fatalf("first write: err = %v, want SQLSTATE 25P03", err)
+	}
+	if got := sink.Classify(err); got != sink.Transient {
+		t.Errorf("Classify(%v) = %v, want %v", err, got, sink.Transient)
+	}
+	if _, err := w.Write(ctx, b); err != nil {
+		t.Fatalf("second write: %v", err)
+	}
+	rep, err := orders.Check(ctx, pool, schema, map[uuid.UUID]orders.Order{id: {UserID: 1, Items: []string{"A"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.ExactlyOnce() {
+		t.Errorf("effects after the retry not exactly once: %v", rep.Problems)
 	}
 }

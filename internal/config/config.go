@@ -59,6 +59,9 @@ type Kafka struct {
 	CommitInterval   time.Duration `mapstructure:"commit_interval"`
 	ProduceTimeout   time.Duration `mapstructure:"produce_timeout"`
 	OffsetOutOfRange string        `mapstructure:"offset_out_of_range"`
+	// HeartbeatInterval is a classic member's; unset, a third of
+	// SessionTimeout, at most 3s (see processor.Config).
+	HeartbeatInterval time.Duration `mapstructure:"heartbeat_interval"`
 	// GroupProtocol is classic or consumer (KIP-848); InstanceID, if set,
 	// makes the member static (KIP-345). See processor.Config.
 	GroupProtocol string `mapstructure:"group_protocol"`
@@ -160,6 +163,7 @@ var defaults = map[string]any{
 	"kafka.dead_letter_topic":              "", // none: dead letters in the table only; a topic named must exist
 	"kafka.session_timeout":                processor.DefaultSessionTimeout,
 	"kafka.rebalance_timeout":              processor.DefaultRebalanceTimeout,
+	"kafka.heartbeat_interval":             processor.DefaultHeartbeatInterval, // unset: a third of a session shorter than 9s
 	"kafka.commit_interval":                processor.DefaultCommitInterval,
 	"kafka.produce_timeout":                processor.DefaultProduceTimeout,
 	"kafka.offset_out_of_range":            string(processor.DefaultOffsetOutOfRange),
@@ -278,6 +282,12 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		// The default idle bound (5s) yields to a shorter tx_timeout: a
 		// user who shortens one key is not refused on another.
 		cfg.Postgres.IdleTimeout = cfg.Postgres.TxTimeout
+	}
+	if err == nil && !explicit(v, flags, binds, "kafka.heartbeat_interval") && cfg.Kafka.SessionTimeout > 0 {
+		// The default heartbeat (3s) yields to a shorter session: a
+		// member heartbeats three times per session, or it loses it
+		// between two heartbeats.
+		cfg.Kafka.HeartbeatInterval = min(cfg.Kafka.HeartbeatInterval, cfg.Kafka.SessionTimeout/3)
 	}
 	if err != nil {
 		// The keys that did decode are still checked, so that every
@@ -443,6 +453,12 @@ func (c Config) Validate() error {
 	ps = append(ps, c.Kafka.validateSecurity()...)
 	if c.Kafka.SessionTimeout < 100*time.Millisecond {
 		bad("kafka.session_timeout", "%v is below 100ms", c.Kafka.SessionTimeout)
+	}
+	if c.Kafka.HeartbeatInterval <= 0 {
+		bad("kafka.heartbeat_interval", "must be positive, got %v", c.Kafka.HeartbeatInterval)
+	} else if c.Kafka.SessionTimeout > 0 && c.Kafka.HeartbeatInterval > c.Kafka.SessionTimeout/3 {
+		bad("kafka.heartbeat_interval", "%v is above a third of kafka.session_timeout %v (%v): a classic member would lose its session between heartbeats",
+			c.Kafka.HeartbeatInterval, c.Kafka.SessionTimeout, c.Kafka.SessionTimeout/3)
 	}
 	if c.Kafka.RebalanceTimeout < c.Kafka.SessionTimeout {
 		bad("kafka.rebalance_timeout", "%v is shorter than kafka.session_timeout %v", c.Kafka.RebalanceTimeout, c.Kafka.SessionTimeout)

@@ -356,3 +356,42 @@ func TestShortTxTimeoutLowersTheIdleDefault(t *testing.T) {
 		t.Errorf("idle 1s above tx_timeout 300ms: err = %v, want it named", err)
 	}
 }
+
+// The heartbeat interval follows a short session unless it is set: a
+// third of kafka.session_timeout, at most 3s; one set above a third of the
+// session is refused, naming both keys, with the other problems.
+func TestHeartbeatIntervalFollowsTheSession(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		file string
+		want time.Duration
+	}{
+		{"defaults", "", 3 * time.Second},
+		{"a 3s session", "kafka:\n  session_timeout: 3s\n  rebalance_timeout: 15s\n", time.Second},
+		{"a 45s session", "kafka:\n  session_timeout: 45s\n  rebalance_timeout: 60s\n", 3 * time.Second},
+		{"set", "kafka:\n  session_timeout: 3s\n  heartbeat_interval: 500ms\n", 500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(writeFile(t, tc.file), nil, nil, handlers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Kafka.HeartbeatInterval != tc.want {
+				t.Errorf("kafka.heartbeat_interval = %v, want %v", cfg.Kafka.HeartbeatInterval, tc.want)
+			}
+		})
+	}
+	_, err := Load(writeFile(t, "kafka:\n  session_timeout: 3s\n  heartbeat_interval: 3s\nbatch:\n  max_records: 0\n"), nil, nil, handlers)
+	for _, want := range []string{
+		"kafka.heartbeat_interval: 3s is above a third of kafka.session_timeout 3s (1s)",
+		"batch.max_records",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("heartbeat 3s with a 3s session: err = %v, want it to say %q", err, want)
+		}
+	}
+	_, err = Load(writeFile(t, "kafka:\n  heartbeat_interval: 0s\n"), nil, nil, handlers)
+	if err == nil || !strings.Contains(err.Error(), "kafka.heartbeat_interval: must be positive") {
+		t.Errorf("heartbeat 0s: err = %v, want it refused", err)
+	}
+}

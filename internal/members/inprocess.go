@@ -24,8 +24,8 @@ import (
 // group.consumer.heartbeat.interval.ms), and only the rest applies.
 func Tuned(c processor.Config) processor.Config {
 	c.SessionTimeout, c.RebalanceTimeout, c.DrainTimeout = 3*time.Second, 10*time.Second, 5*time.Second
-	c.KafkaOptions = append(append([]kgo.Opt(nil), c.KafkaOptions...),
-		kgo.MetadataMinAge(100*time.Millisecond), kgo.HeartbeatInterval(300*time.Millisecond))
+	c.HeartbeatInterval = 300 * time.Millisecond
+	c.KafkaOptions = append(append([]kgo.Opt(nil), c.KafkaOptions...), kgo.MetadataMinAge(100*time.Millisecond))
 	return c
 }
 
