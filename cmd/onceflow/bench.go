@@ -298,12 +298,15 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			}
 		}()
 	}
+	// The checkout is read before the run: a run takes minutes, and a
+	// commit or a merge made meanwhile is not the code that ran.
+	checkout := checkoutBuild()
 	res, runErr := bench.Run(cmd.Context(), cfg)
 	if res == nil || len(res.Summary) == 0 {
 		return runErr
 	}
 	if res.Settings.Build == "" {
-		res.Settings.Build = checkoutBuild()
+		res.Settings.Build = checkout
 	}
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out)
