@@ -59,6 +59,14 @@ func userDB(t *testing.T) (*pgxpool.Pool, string, string) {
 const paymentsSQL = `INSERT INTO payments (event_id, account, amount, paid_at)
 SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp" FROM events`
 
+// pacedPaymentsSQL is paymentsSQL taking at least 60 ms a batch: a
+// partition applies at most BatchMaxRecords records in that time, so a
+// stream lasts long enough for a storm's changes however fast the
+// machine, and the rest of it cannot drain between two samples.
+const pacedPaymentsSQL = `WITH pace AS (SELECT pg_sleep(0.06))
+INSERT INTO payments (event_id, account, amount, paid_at)
+SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp" FROM events CROSS JOIN pace`
+
 func sqlHandler(t *testing.T, name, sql string) *sink.SQLHandler {
 	t.Helper()
 	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: name, SQL: sql})
