@@ -64,6 +64,11 @@ type RunResult struct {
 	// changes after which the stream ended first are left out.
 	RecoveryMedianMs float64 `json:"recovery_median_ms,omitempty"`
 	RecoveryMaxMs    float64 `json:"recovery_max_ms,omitempty"`
+	// BackAtRateMs (replay): from the second group's start until its
+	// records rate (committed, over half a second) is back at 90 % of the
+	// first group's over its last two seconds; nil when the first group
+	// read for under two seconds or the stream ended first.
+	BackAtRateMs *float64 `json:"back_at_rate_ms,omitempty"`
 	// StormPlanned is the storm's planned changes (Config.StormChanges);
 	// StormShort says the stream was consumed before the last of them:
 	// the run's rate is not a whole storm's.
@@ -468,6 +473,9 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	if r.StormShort {
 		extra = fmt.Sprintf(" (the stream ran out after %d of %d changes: raise --events)", len(r.Changes), r.StormPlanned)
 	}
+	if r.BackAtRateMs != nil {
+		extra = fmt.Sprintf("; back at 90 %% of its records rate %.0f ms after the re-read's start", *r.BackAtRateMs)
+	}
 	b.line.done("  %s: %.0f events/s (%d events in %.1fs); %s%s", label, r.EventsPerSec, r.Events, r.Seconds, verdict, extra)
 	return r, nil
 }
@@ -480,6 +488,12 @@ func (b *benchRun) groupResults(r *RunResult, st *groupStats) {
 	r.Consumer = consumerStats(st.members)
 	r.BatchP50Ms, r.BatchP99Ms = percentileMs(st.durs, 0.50), percentileMs(st.durs, 0.99)
 	st.mu.Unlock()
+	if r.Scenario == Replay && len(r.Changes) == 1 {
+		c := &r.Changes[0]
+		if ms, ok := backAtRate(r.Series, c.Seconds, committed); ok {
+			c.RecoveryMs, r.BackAtRateMs = ms, &ms
+		}
+	}
 	if r.Scenario != Storm {
 		return
 	}

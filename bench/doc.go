@@ -28,7 +28,8 @@
 //     during it (with [Config.Checkpoint], each run starts right after
 //     one); a storm, defined by its membership changes
 //     ([Config.StormChanges]: joins, leaves, kills), each change's
-//     recovery time and the partitions' waits with no owner; the
+//     recovery time and the partitions' waits with no owner; a
+//     replay's time back at rate after its re-read starts; the
 //     scenarios under several group protocols side by side
 //     ([Config.GroupProtocols]) and static members ([Config.InstanceID]);
 //     the scenarios again with the payloads in Avro or Protobuf, framed

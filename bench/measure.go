@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -41,42 +42,12 @@ const recoveryWindow = 0.5
 // came first), or before which nothing was applied, is left out of the
 // median and the maximum it returns (0, 0 when none is measured).
 func recovery(series []Sample, changes []Change) (median, maxMs float64) {
-	// rate is the applied rate over the samples in (t-d, t] ending at i.
-	rate := func(i int, d float64) (float64, bool) {
-		j := i
-		for j > 0 && series[j-1].Seconds > series[i].Seconds-d {
-			j--
-		}
-		if j == 0 || series[i].Seconds-series[j-1].Seconds < d/2 {
-			return 0, false
-		}
-		dt := series[i].Seconds - series[j-1].Seconds
-		return float64(series[i].Applied-series[j-1].Applied) / dt, true
-	}
 	var rs []float64
 	for ci := range changes {
 		c := &changes[ci]
-		last, after := -1, -1
-		for i, s := range series {
-			if s.Seconds <= c.Seconds {
-				last = i
-			} else if after < 0 {
-				after = i
-			}
-		}
-		if last < 0 || after < 0 {
-			continue
-		}
-		before, ok := rate(last, 2)
-		if !ok || before == 0 {
-			continue
-		}
-		for i := after; i < len(series); i++ {
-			if v, ok := rate(i, recoveryWindow); ok && series[i].Seconds-recoveryWindow >= c.Seconds && v >= recoveryShare*before {
-				c.RecoveryMs = (series[i].Seconds - c.Seconds) * 1000
-				rs = append(rs, c.RecoveryMs)
-				break
-			}
+		if ms, ok := backAtRate(series, c.Seconds, applied); ok {
+			c.RecoveryMs = ms
+			rs = append(rs, ms)
 		}
 	}
 	if len(rs) == 0 {
@@ -84,6 +55,53 @@ func recovery(series []Sample, changes []Change) (median, maxMs float64) {
 	}
 	slices.Sort(rs)
 	return rs[len(rs)/2], rs[len(rs)-1]
+}
+
+func applied(s Sample) int64   { return s.Applied }
+func committed(s Sample) int64 { return s.Committed }
+
+// backAtRate is the time, in milliseconds, from at until the rate of
+// value over recoveryWindow, a window wholly after at, is back to
+// recoveryShare of its rate over the two seconds up to at; false when it
+// never is before the series ends, or nothing moved before at. The
+// windows after at measure from samples taken at or after it only, so a
+// value that starts again from zero at at (the replay's second group's
+// committed records) is measured from its own start.
+func backAtRate(series []Sample, at float64, value func(Sample) int64) (float64, bool) {
+	// rate is value's rate over the samples in (t-d, t] ending at i,
+	// from a sample taken at from or later.
+	rate := func(i int, d, from float64) (float64, bool) {
+		j := i
+		for j > 0 && series[j-1].Seconds > series[i].Seconds-d {
+			j--
+		}
+		if j == 0 || series[i].Seconds-series[j-1].Seconds < d/2 || series[j-1].Seconds < from {
+			return 0, false
+		}
+		dt := series[i].Seconds - series[j-1].Seconds
+		return float64(value(series[i])-value(series[j-1])) / dt, true
+	}
+	last, after := -1, -1
+	for i, s := range series {
+		if s.Seconds <= at {
+			last = i
+		} else if after < 0 {
+			after = i
+		}
+	}
+	if last < 0 || after < 0 {
+		return 0, false
+	}
+	before, ok := rate(last, 2, math.Inf(-1))
+	if !ok || before <= 0 {
+		return 0, false
+	}
+	for i := after; i < len(series); i++ {
+		if v, ok := rate(i, recoveryWindow, at); ok && series[i].Seconds-recoveryWindow >= at && v >= recoveryShare*before {
+			return (series[i].Seconds - at) * 1000, true
+		}
+	}
+	return 0, false
 }
 
 // resetPeakRSS clears the kernel's peak-RSS mark of this process (Linux;

@@ -49,6 +49,58 @@ func TestRecovery(t *testing.T) {
 	}
 }
 
+// The replay's time back at rate is of the records committed: the
+// second group's count starts again from zero at the re-read, and is
+// measured from there, against the first group's last two seconds.
+func TestReplayBackAtRate(t *testing.T) {
+	var series []Sample
+	add := func(s float64, c int64) { series = append(series, Sample{Seconds: s, Committed: c}) }
+	for i := 0; i <= 12; i++ { // the first group: 1000 records/s for 3 s
+		add(float64(i)/4, int64(i)*250)
+	}
+	at := 3.04    // the re-read: the first group has stopped
+	add(3.05, 0)  // the second group starts, nothing committed
+	add(3.3, 0)   // joining
+	add(3.55, 0)  // joining
+	c := int64(0) // then 1200 records/s
+	for i := 1; i <= 12; i++ {
+		c += 300
+		add(3.55+float64(i)/4, c)
+	}
+	ms, ok := backAtRate(series, at, committed)
+	// At 1200/s from 3.55 s, the first half second back at 900/s is
+	// 3.55–4.05 s: 4.05 − 3.04 s.
+	if !ok || ms < 1000 || ms > 1020 {
+		t.Errorf("back at rate after %v ms (%v), want 1010", ms, ok)
+	}
+	if _, ok := backAtRate(series[:15], at, committed); ok {
+		t.Errorf("measured a recovery the series does not reach")
+	}
+	// A run's summary: the median over the rounds, and the storm's
+	// recoveries by kind of change.
+	back := []float64{900, 1500, 700}
+	res := &Results{}
+	for i, b := range back {
+		res.Runs = append(res.Runs,
+			RunResult{Scenario: Steady, GroupProtocol: "consumer", EventsPerSec: 100},
+			RunResult{Scenario: Replay, GroupProtocol: "consumer", EventsPerSec: 95, BackAtRateMs: &back[i]},
+			RunResult{Scenario: Storm, GroupProtocol: "consumer", EventsPerSec: 90, RecoveryMedianMs: b, Changes: []Change{
+				{What: "join", RecoveryMs: b}, {What: "kill", RecoveryMs: 3 * b}, {What: "leave"}}})
+	}
+	ps := summarizeProtocols(res, []processor.GroupProtocol{"consumer"})
+	if len(ps) != 1 || ps[0].ReplayBackMs != 900 || ps[0].ReplayBackRounds != 3 {
+		t.Fatalf("summary %+v, want the replay back at rate after 900 ms, of 3 rounds", ps)
+	}
+	if by := ps[0].StormRecoveryByKind; by["join"] != 900 || by["kill"] != 2700 || len(by) != 2 {
+		t.Errorf("storm recovery by kind %v, want join 900, kill 2700 and no leave (none measured)", by)
+	}
+	var md strings.Builder
+	writeProtocols(&md, ps)
+	if !strings.Contains(md.String(), "| 95 (0.95×) | 900 |") || !strings.Contains(md.String(), "900 (join 900, kill 2700)") {
+		t.Errorf("protocols table lacks the replay's time back at rate or the recoveries by change:\n%s", md.String())
+	}
+}
+
 func TestPercentileMs(t *testing.T) {
 	var ds []time.Duration
 	for i := 1; i <= 100; i++ {

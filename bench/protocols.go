@@ -25,9 +25,17 @@ type ProtocolSummary struct {
 	// StormRecoveryMs is the median over the rounds of each storm's
 	// median recovery after a change; StormNoOwner and ReplayNoOwner the
 	// median runs' waits with no owner.
-	StormRecoveryMs float64  `json:"storm_recovery_median_ms,omitempty"`
-	StormNoOwner    *NoOwner `json:"storm_no_owner,omitempty"`
-	ReplayNoOwner   *NoOwner `json:"replay_no_owner,omitempty"`
+	StormRecoveryMs float64 `json:"storm_recovery_median_ms,omitempty"`
+	// StormRecoveryByKind is, for each kind of change, the median
+	// recovery over every round's changes of that kind (those measured).
+	StormRecoveryByKind map[string]float64 `json:"storm_recovery_by_kind_ms,omitempty"`
+	// ReplayBackMs is the median over the rounds of the replay's time
+	// back at 90 % of its records rate (RunResult.BackAtRateMs), of
+	// ReplayBackRounds rounds that measured one.
+	ReplayBackMs     float64  `json:"replay_back_at_rate_ms,omitempty"`
+	ReplayBackRounds int      `json:"replay_back_rounds,omitempty"`
+	StormNoOwner     *NoOwner `json:"storm_no_owner,omitempty"`
+	ReplayNoOwner    *NoOwner `json:"replay_no_owner,omitempty"`
 	// StaticMoved (Config.InstanceID): partitions of the median storm's
 	// restarted static members that another member ran meanwhile, out
 	// of StaticHeld.
@@ -74,11 +82,20 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 			storm := medianRun(rs)
 			s.Storm, s.StormShort, s.StormNoOwner = storm.EventsPerSec, storm.StormShort, storm.NoOwner
 			var rec []float64
+			byKind := map[string][]float64{}
 			for _, r := range rs {
 				rec = append(rec, r.RecoveryMedianMs)
+				for _, c := range r.Changes {
+					if c.RecoveryMs > 0 {
+						byKind[c.What] = append(byKind[c.What], c.RecoveryMs)
+					}
+				}
 			}
-			slices.Sort(rec)
-			s.StormRecoveryMs = rec[(len(rec)-1)/2]
+			s.StormRecoveryMs = median(rec)
+			s.StormRecoveryByKind = map[string]float64{}
+			for k, v := range byKind {
+				s.StormRecoveryByKind[k] = median(v)
+			}
 			s.StormChanges = map[string]int{}
 			for _, c := range storm.Changes {
 				s.StormChanges[c.What]++
@@ -88,8 +105,16 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 				s.StormVsSteady = s.Storm / s.Steady
 			}
 		}
-		if replay := medianRun(runs(Replay)); replay != nil {
+		if rs := runs(Replay); len(rs) > 0 {
+			replay := medianRun(rs)
 			s.Replay, s.ReplayNoOwner = replay.EventsPerSec, replay.NoOwner
+			var back []float64
+			for _, r := range rs {
+				if r.BackAtRateMs != nil {
+					back = append(back, *r.BackAtRateMs)
+				}
+			}
+			s.ReplayBackMs, s.ReplayBackRounds = median(back), len(back)
 			if s.Steady > 0 {
 				s.ReplayVsSteady = s.Replay / s.Steady
 			}
@@ -99,15 +124,25 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 	return out
 }
 
+// median is xs' median (the lower middle); 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
 // writeProtocols writes the protocols' comparison into results.md.
 func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 	if len(ps) == 0 {
 		return
 	}
 	b.WriteString("\n### Group protocols side by side\n\n" +
-		"| protocol | steady events/s | storm events/s (× steady) | storm changes | storm recovery median ms | storm: partition waits with no owner (n, median / max ms) | " +
-		"replay events/s (× steady) | replay: partition waits with no owner | static restarts: partitions moved / held |\n" +
-		"|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
+		"| protocol | steady events/s | storm events/s (× steady) | storm changes | storm recovery median ms (by change) | storm: partition waits with no owner (n, median / max ms) | " +
+		"replay events/s (× steady) | replay back at 90 % ms | replay: partition waits with no owner | static restarts: partitions moved / held |\n" +
+		"|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range ps {
 		var kinds []string
 		for _, k := range []string{"join", "leave", "kill", "restart"} {
@@ -125,15 +160,32 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 		}
 		storm := "– | – | – | –" // not run
 		if s.Storm > 0 {
-			storm = fmt.Sprintf("%.0f (%.2f×) | %s | %.0f | %s", s.Storm, s.StormVsSteady, orDash(changes), s.StormRecoveryMs, noOwner(s.StormNoOwner))
+			var by []string
+			for _, k := range []string{"join", "leave", "kill", "restart"} {
+				if v, ok := s.StormRecoveryByKind[k]; ok {
+					by = append(by, fmt.Sprintf("%s %.0f", k, v))
+				}
+			}
+			rec := fmt.Sprintf("%.0f", s.StormRecoveryMs)
+			if len(by) > 0 {
+				rec += " (" + strings.Join(by, ", ") + ")"
+			}
+			storm = fmt.Sprintf("%.0f (%.2f×) | %s | %s | %s", s.Storm, s.StormVsSteady, orDash(changes), rec, noOwner(s.StormNoOwner))
 		}
-		replay := "– | –"
+		replay := "– | – | –"
 		if s.Replay > 0 {
-			replay = fmt.Sprintf("%.0f (%.2f×) | %s", s.Replay, s.ReplayVsSteady, noOwner(s.ReplayNoOwner))
+			back := "– (none measured)"
+			if s.ReplayBackRounds > 0 {
+				back = fmt.Sprintf("%.0f", s.ReplayBackMs)
+			}
+			replay = fmt.Sprintf("%.0f (%.2f×) | %s | %s", s.Replay, s.ReplayVsSteady, back, noOwner(s.ReplayNoOwner))
 		}
 		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", s.Protocol, s.Steady, storm, replay, static)
 	}
-	b.WriteString("\nRates and ratios are of each scenario's median round; storm recovery times are medians over the rounds. " +
+	b.WriteString("\nRates and ratios are of each scenario's median round; storm recovery times are medians over the rounds " +
+		"(by change: the median over every round's changes of that kind), the replay's time back at 90 % of its records rate " +
+		"(from the re-reading group's start) the median over the rounds; none is measured where the first group read for under two seconds, " +
+		"or the rate came back only after the stream's end. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms); " +
 		"the replay's include its first group's stop and its second group's start.\n")
 }

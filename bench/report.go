@@ -121,14 +121,18 @@ func (res *Results) WriteFiles(dir, command string) error {
 			lat = fmt.Sprintf("%.1f / %.1f", r.BatchP50Ms, r.BatchP99Ms)
 			wait = noOwner(r.NoOwner)
 		}
-		if r.Scenario == Storm {
+		switch {
+		case r.Scenario == Storm:
 			rec = fmt.Sprintf("%.0f / %.0f", r.RecoveryMedianMs, r.RecoveryMaxMs)
+		case r.BackAtRateMs != nil:
+			rec = fmt.Sprintf("%.0f (records rate)", *r.BackAtRateMs)
 		}
 		fmt.Fprintf(&md, "| %s | %d | %.0f | %.1f | %s | %s | %s | %s | %s | %.0f |\n", r.Name, r.Round, r.EventsPerSec, r.Seconds, lat,
 			changeKinds(r), rec, wait, checkpointsCell(r, st.Checkpoint), r.PeakRSSMiB)
 	}
 	md.WriteString("\nBatch latency: a committed batch's, from its closing to its COMMIT. Recovery: after each membership change, the time until the applied rate " +
-		"over half a second is back at 90 % of its rate over the two seconds before (changes after which the stream ended first are left out). " +
+		"over half a second is back at 90 % of its rate over the two seconds before (changes after which the stream ended first are left out); " +
+		"a replay's, the same of the records rate from the re-reading group's start, against the first group's last two seconds. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms). " +
 		"Checkpoints: those the server began during the run")
 	if st.Checkpoint {

@@ -104,7 +104,8 @@ process's peak RSS, and the checkpoints Postgres began during it
 (--checkpoint runs CHECKPOINT before each run, so that runs writing the same
 WAL meet the server's checkpoints at the same places; the role needs
 pg_checkpoint); a storm, each change's recovery time and how long partitions
-waited with no owner. --group-protocol classic,consumer runs the scenarios
+waited with no owner; a replay, how long after the re-read's start its records
+rate was back at 90 % of the first read's. --group-protocol classic,consumer runs the scenarios
 under both, side by side; --instance-id makes the storm's members static
 (a kill becomes a restart under the same id, and the partitions that moved
 meanwhile are counted). --cpuprofile FILE profiles the steady run (or
