@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -82,21 +83,24 @@ func TestReplayBackAtRate(t *testing.T) {
 	res := &Results{}
 	for i, b := range back {
 		res.Runs = append(res.Runs,
-			RunResult{Scenario: Steady, GroupProtocol: "consumer", EventsPerSec: 100},
-			RunResult{Scenario: Replay, GroupProtocol: "consumer", EventsPerSec: 95, BackAtRateMs: &back[i]},
-			RunResult{Scenario: Storm, GroupProtocol: "consumer", EventsPerSec: 90, RecoveryMedianMs: b, Changes: []Change{
+			RunResult{Round: i + 1, Scenario: Steady, GroupProtocol: "consumer", EventsPerSec: 100 * float64(i+1)},
+			RunResult{Round: i + 1, Scenario: Replay, GroupProtocol: "consumer", EventsPerSec: 95 * float64(i+1), BackAtRateMs: &back[i]},
+			RunResult{Round: i + 1, Scenario: Storm, GroupProtocol: "consumer", EventsPerSec: 90 * float64(i+1), RecoveryMedianMs: b, Changes: []Change{
 				{What: "join", RecoveryMs: b}, {What: "kill", RecoveryMs: 3 * b}, {What: "leave"}}})
 	}
 	ps := summarizeProtocols(res, []processor.GroupProtocol{"consumer"})
 	if len(ps) != 1 || ps[0].ReplayBackMs != 900 || ps[0].ReplayBackRounds != 3 {
 		t.Fatalf("summary %+v, want the replay back at rate after 900 ms, of 3 rounds", ps)
 	}
+	if r := ps[0].StormRounds; len(r) != 3 || math.Abs(r[0]-0.9) > 1e-9 || math.Abs(r[2]-0.9) > 1e-9 {
+		t.Errorf("storm paired by round %v, want 0.9 in each of 3 rounds (each its round's steady)", r)
+	}
 	if by := ps[0].StormRecoveryByKind; by["join"] != 900 || by["kill"] != 2700 || len(by) != 2 {
 		t.Errorf("storm recovery by kind %v, want join 900, kill 2700 and no leave (none measured)", by)
 	}
 	var md strings.Builder
 	writeProtocols(&md, ps)
-	if !strings.Contains(md.String(), "| 95 (0.95×) | 900 |") || !strings.Contains(md.String(), "900 (join 900, kill 2700)") {
+	if !strings.Contains(md.String(), "| 190 (0.95×) | 0.95×: 0.95 0.95 0.95 | 900 |") || !strings.Contains(md.String(), "900 (join 900, kill 2700)") {
 		t.Errorf("protocols table lacks the replay's time back at rate or the recoveries by change:\n%s", md.String())
 	}
 }

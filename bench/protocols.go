@@ -19,6 +19,13 @@ type ProtocolSummary struct {
 	// StormVsSteady and ReplayVsSteady are the medians' ratios.
 	StormVsSteady  float64 `json:"storm_vs_steady,omitempty"`
 	ReplayVsSteady float64 `json:"replay_vs_steady,omitempty"`
+	// StormRounds and ReplayRounds are the ratios round by round, each to
+	// the steady run of its round (the runs of a round follow each other,
+	// so a machine's drift over the rounds cancels); their medians are
+	// the paired ratios, steadier than the medians' ratio where rounds
+	// spread.
+	StormRounds  []float64 `json:"storm_vs_steady_rounds,omitempty"`
+	ReplayRounds []float64 `json:"replay_vs_steady_rounds,omitempty"`
 	// StormChanges counts the median storm's changes by kind.
 	StormChanges map[string]int `json:"storm_changes,omitempty"`
 	StormShort   bool           `json:"storm_short,omitempty"`
@@ -75,8 +82,21 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 			}
 			return rs
 		}
-		if steady := medianRun(runs(Steady)); steady != nil {
+		steadies := runs(Steady)
+		if steady := medianRun(steadies); steady != nil {
 			s.Steady = steady.EventsPerSec
+		}
+		// paired is each run's rate over its round's steady rate.
+		paired := func(rs []RunResult) []float64 {
+			var out []float64
+			for _, r := range rs {
+				for _, st := range steadies {
+					if st.Round == r.Round && st.EventsPerSec > 0 {
+						out = append(out, r.EventsPerSec/st.EventsPerSec)
+					}
+				}
+			}
+			return out
 		}
 		if rs := runs(Storm); len(rs) > 0 {
 			storm := medianRun(rs)
@@ -101,6 +121,7 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 				s.StormChanges[c.What]++
 			}
 			s.StaticMoved, s.StaticHeld = storm.StaticMoved, storm.StaticHeld
+			s.StormRounds = paired(rs)
 			if s.Steady > 0 {
 				s.StormVsSteady = s.Storm / s.Steady
 			}
@@ -115,6 +136,7 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 				}
 			}
 			s.ReplayBackMs, s.ReplayBackRounds = median(back), len(back)
+			s.ReplayRounds = paired(rs)
 			if s.Steady > 0 {
 				s.ReplayVsSteady = s.Replay / s.Steady
 			}
@@ -140,9 +162,9 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 		return
 	}
 	b.WriteString("\n### Group protocols side by side\n\n" +
-		"| protocol | steady events/s | storm events/s (× steady) | storm changes | storm recovery median ms (by change) | storm: partition waits with no owner (n, median / max ms) | " +
-		"replay events/s (× steady) | replay back at 90 % ms | replay: partition waits with no owner | static restarts: partitions moved / held |\n" +
-		"|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		"| protocol | steady events/s | storm events/s (× steady) | storm × steady, paired by round (median: rounds) | storm changes | storm recovery median ms (by change) | storm: partition waits with no owner (n, median / max ms) | " +
+		"replay events/s (× steady) | replay × steady, paired by round | replay back at 90 % ms | replay: partition waits with no owner | static restarts: partitions moved / held |\n" +
+		"|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range ps {
 		var kinds []string
 		for _, k := range []string{"join", "leave", "kill", "restart"} {
@@ -158,7 +180,7 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 		if s.StaticMoved != nil {
 			static = fmt.Sprintf("%d / %d", *s.StaticMoved, s.StaticHeld)
 		}
-		storm := "– | – | – | –" // not run
+		storm := "– | – | – | – | –" // not run
 		if s.Storm > 0 {
 			var by []string
 			for _, k := range []string{"join", "leave", "kill", "restart"} {
@@ -170,24 +192,37 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 			if len(by) > 0 {
 				rec += " (" + strings.Join(by, ", ") + ")"
 			}
-			storm = fmt.Sprintf("%.0f (%.2f×) | %s | %s | %s", s.Storm, s.StormVsSteady, orDash(changes), rec, noOwner(s.StormNoOwner))
+			storm = fmt.Sprintf("%.0f (%.2f×) | %s | %s | %s | %s", s.Storm, s.StormVsSteady, pairedCell(s.StormRounds), orDash(changes), rec, noOwner(s.StormNoOwner))
 		}
-		replay := "– | – | –"
+		replay := "– | – | – | –"
 		if s.Replay > 0 {
 			back := "– (none measured)"
 			if s.ReplayBackRounds > 0 {
 				back = fmt.Sprintf("%.0f", s.ReplayBackMs)
 			}
-			replay = fmt.Sprintf("%.0f (%.2f×) | %s | %s", s.Replay, s.ReplayVsSteady, back, noOwner(s.ReplayNoOwner))
+			replay = fmt.Sprintf("%.0f (%.2f×) | %s | %s | %s", s.Replay, s.ReplayVsSteady, pairedCell(s.ReplayRounds), back, noOwner(s.ReplayNoOwner))
 		}
 		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", s.Protocol, s.Steady, storm, replay, static)
 	}
-	b.WriteString("\nRates and ratios are of each scenario's median round; storm recovery times are medians over the rounds " +
+	b.WriteString("\nRates and ratios are of each scenario's median round; the paired ratios are each round's run over that round's steady run " +
+		"(the median, then each round's), where a machine's drift between rounds cancels; storm recovery times are medians over the rounds " +
 		"(by change: the median over every round's changes of that kind), the replay's time back at 90 % of its records rate " +
 		"(from the re-reading group's start) the median over the rounds; none is measured where the first group read for under two seconds, " +
 		"or the rate came back only after the stream's end. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms); " +
 		"the replay's include its first group's stop and its second group's start.\n")
+}
+
+// pairedCell is paired ratios' median and the ratios round by round.
+func pairedCell(rs []float64) string {
+	if len(rs) == 0 {
+		return "–"
+	}
+	var each []string
+	for _, r := range rs {
+		each = append(each, fmt.Sprintf("%.2f", r))
+	}
+	return fmt.Sprintf("%.2f×: %s", median(rs), strings.Join(each, " "))
 }
 
 func noOwner(n *NoOwner) string {
