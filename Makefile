@@ -49,9 +49,11 @@ bench-formats: up-postgres up-schema-registry build ## Avro and Protobuf against
 	$(BENCH) --config benchmarks/demo.yaml --formats avro,protobuf --schema-registry $$(infra/schema-registry.sh url) --avro-schema benchmarks/order.avsc --protobuf-schema benchmarks/order.proto \
 		--scenarios steady --no-raw-copy --events 1000000 --rounds 5 --checkpoint --out benchmarks/results/demo-formats $(ARGS)
 
-bench-protocols: up-postgres up-kafka build ## the group protocols side by side on Kafka (classic, consumer; static members), three rounds: benchmarks/results/demo-protocols
+bench-protocols: up-postgres up-kafka build ## the group protocols side by side on Kafka (classic, consumer), 1 M events, five rounds, a storm of 12 changes a second apart: members that come and go (kills), then static members (restarts) — about 25 minutes: benchmarks/results/demo-protocols{,-static}
+	$(BENCH) --config benchmarks/demo.yaml --brokers=$$(infra/kafka.sh brokers) --group-protocol classic,consumer \
+		--scenarios steady,storm,replay --no-raw-copy --events 1000000 --storm-changes 12 --storm-every 1s --rounds 5 --checkpoint --out benchmarks/results/demo-protocols $(ARGS)
 	$(BENCH) --config benchmarks/demo.yaml --brokers=$$(infra/kafka.sh brokers) --group-protocol classic,consumer --instance-id \
-		--scenarios steady,storm,replay --events 300000 --storm-changes 12 --rounds 3 --checkpoint --out benchmarks/results/demo-protocols $(ARGS)
+		--scenarios steady,storm,replay --no-raw-copy --events 1000000 --storm-changes 12 --storm-every 1s --rounds 5 --checkpoint --out benchmarks/results/demo-protocols-static $(ARGS)
 
 bench-retention: up-postgres ## processed_events size under steady load at a 20s horizon, 3 minutes: benchmarks/results/retention
 	$(GO) run ./benchmarks retention -dsn "$(ONCEFLOW_TEST_POSTGRES_DSN)" -out benchmarks/results/retention $(ARGS)
