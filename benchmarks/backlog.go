@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/internal/members"
 	"github.com/onceflow/onceflow/internal/orders"
 	"github.com/onceflow/onceflow/wire"
 )
@@ -329,7 +330,7 @@ func runMember(ctx context.Context, o backlogOptions, rep *BacklogReport, e *env
 		}
 		s.Applied, s.Consumed = applied, consumed
 		s.DedupRows = rep.Prefill.Rows + applied
-		next, err := nextOffsets(ctx, e)
+		next, err := members.StoredOffsets(ctx, e.pool, e.schema, e.group, e.topic, "")
 		if err != nil {
 			return err
 		}
@@ -363,23 +364,6 @@ func runMember(ctx context.Context, o backlogOptions, rep *BacklogReport, e *env
 	}
 	progress("member: %d records in %.0fs = %.0f events/s; peak RSS %.0f MiB", rep.Records, rep.Seconds, rep.EventsPerSec, rep.PeakRSSMiB)
 	return nil
-}
-
-// nextOffsets reads the group's next offset per partition from
-// sink_offsets.
-func nextOffsets(ctx context.Context, e *env) (map[int32]int64, error) {
-	rows, err := e.pool.Query(ctx, `SELECT partition, coalesce(next_offset, 0) FROM `+pgx.Identifier{e.schema, "sink_offsets"}.Sanitize()+
-		` WHERE consumer_group = $1`, e.group)
-	if err != nil {
-		return nil, fmt.Errorf("read sink_offsets: %w", err)
-	}
-	out := map[int32]int64{}
-	var p int32
-	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { out[p] = n; return nil }); err != nil {
-		return nil, fmt.Errorf("read sink_offsets: %w", err)
-	}
-	return out, nil
 }
 
 // produce publishes msgs to e's topic in batches of up to batchBytes, as

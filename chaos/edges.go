@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/members"
 )
 
 // The edge faults: latency on the Postgres link while a burst of bad
@@ -323,7 +325,7 @@ func setOf(ps []pos) map[pos]bool {
 func (c *chaos) waitStored(ctx context.Context, topicID string, ends map[int32]int64, bound time.Duration) (time.Duration, string) {
 	start := time.Now()
 	for {
-		stored, err := storedOffsets(ctx, c.admin, schema, c.group, c.topic, topicID)
+		stored, err := members.StoredOffsets(ctx, c.admin, schema, c.group, c.topic, topicID)
 		var behind []string
 		if err != nil {
 			behind = []string{err.Error()}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/members"
 	"github.com/onceflow/onceflow/internal/orders"
 )
 
@@ -571,7 +572,7 @@ func (c *chaos) waitForEnd(ctx context.Context, group, topic string, ends map[in
 		for _, p := range c.members.running() {
 			_ = syscall.Kill(p.pid, syscall.SIGCONT)
 		}
-		stored, err := storedOffsets(ctx, c.admin, schema, group, topic, c.incarnation().TopicID)
+		stored, err := members.StoredOffsets(ctx, c.admin, schema, group, topic, c.incarnation().TopicID)
 		behind := []string{}
 		if err == nil {
 			for p := range int32(c.parts) {

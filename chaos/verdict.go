@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/members"
 	"github.com/onceflow/onceflow/internal/orders"
 )
 
@@ -183,30 +184,12 @@ FROM `+t("dead_letters")+` WHERE consumer_group = $1 AND topic = $2 GROUP BY 1, 
 		}, group, topic, inc.DLMark); err != nil {
 		return nil, err
 	}
-	stored, err := storedOffsets(ctx, pool, schema, group, topic, inc.TopicID)
+	stored, err := members.StoredOffsets(ctx, pool, schema, group, topic, inc.TopicID)
 	if err != nil {
 		return nil, err
 	}
 	o.Stored = stored
 	return o, nil
-}
-
-// storedOffsets reads sink_offsets alone; with a topic id, only the rows
-// written for that topic id count (a recreated topic's new incarnation).
-// A row taken but never written (NULL next_offset) is absent.
-func storedOffsets(ctx context.Context, pool *pgxpool.Pool, schema, group, topic, topicID string) (map[int32]int64, error) {
-	rows, err := pool.Query(ctx, `SELECT partition, next_offset FROM `+pgx.Identifier{schema, "sink_offsets"}.Sanitize()+
-		` WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL AND ($3 = '' OR topic_id::text = $3)`, group, topic, topicID)
-	if err != nil {
-		return nil, fmt.Errorf("read sink_offsets: %w", err)
-	}
-	out := map[int32]int64{}
-	var p int32
-	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { out[p] = n; return nil }); err != nil {
-		return nil, fmt.Errorf("read sink_offsets: %w", err)
-	}
-	return out, nil
 }
 
 // eventProblem is one event whose effects are wrong.

@@ -133,6 +133,25 @@ func (m *consumer) wait() error {
 	return m.err
 }
 
+// StoredOffsets reads the next offsets group's members stored in schema's
+// sink_offsets for topic, by partition; with a topicID, only the rows
+// written for that topic id count (a recreated topic's new incarnation).
+// A row taken but never written (NULL next_offset) is absent.
+func StoredOffsets(ctx context.Context, pool *pgxpool.Pool, schema, group, topic, topicID string) (map[int32]int64, error) {
+	rows, err := pool.Query(ctx, `SELECT partition, next_offset FROM `+pgx.Identifier{schema, "sink_offsets"}.Sanitize()+
+		` WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL AND ($3 = '' OR topic_id::text = $3)`, group, topic, topicID)
+	if err != nil {
+		return nil, fmt.Errorf("read sink_offsets: %w", err)
+	}
+	out := map[int32]int64{}
+	var p int32
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&p, &n}, func() error { out[p] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("read sink_offsets: %w", err)
+	}
+	return out, nil
+}
+
 // Committed returns how many records of group have a committed batch in
 // schema: the sum of the next offsets stored in sink_offsets, which for
 // topics whose offsets start at 0 is the count of records consumed and
