@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -39,8 +40,12 @@ type RunResult struct {
 	ExactlyOnce bool                  `json:"exactly_once"`
 	Problems    []string              `json:"problems,omitempty"`
 	Tables      map[string]TableState `json:"tables,omitempty"`
-	Series      []Sample              `json:"series,omitempty"`
-	Changes     []Change              `json:"changes,omitempty"`
+	// TableChecks says how each table passed the comparison with
+	// effects-only (CheckDigest, CheckSums); a table that failed it is
+	// in Problems instead.
+	TableChecks map[string]string `json:"table_checks,omitempty"`
+	Series      []Sample          `json:"series,omitempty"`
+	Changes     []Change          `json:"changes,omitempty"`
 	// Consumer is the members' counters summed (scenarios only): where
 	// a run's time goes starts with its batches' sizes and its skips.
 	Consumer *ConsumerStats `json:"consumer,omitempty"`
@@ -58,12 +63,17 @@ type RunResult struct {
 	// server began during the run.
 	FromCheckpoint bool   `json:"from_checkpoint"`
 	Checkpoints    *int64 `json:"checkpoints,omitempty"`
-	// RecoveryMedianMs and RecoveryMaxMs (storm): over the changes, the
-	// time until the applied rate, over half a second, is back to 90 % of
-	// its rate over the two seconds before the change (Change.RecoveryMs);
-	// changes after which the stream ended first are left out.
+	// RecoveryMedianMs and RecoveryMaxMs (storm): over the changes
+	// measured, RecoveryMeasured of them, the time until the applied
+	// rate, over half a second, is back to 90 % of its rate before the
+	// change (Change.RecoveryMs: the greater of the rate over the two
+	// seconds before and the run's median rate up to the change). A
+	// change with no rate before it (the run's first second, or nothing
+	// applied yet) or after which the stream ended first is not
+	// measured; with none measured both are 0 and mean nothing.
 	RecoveryMedianMs float64 `json:"recovery_median_ms,omitempty"`
 	RecoveryMaxMs    float64 `json:"recovery_max_ms,omitempty"`
+	RecoveryMeasured int     `json:"recovery_measured,omitempty"`
 	// BackAtRateMs (replay): from the second group's start until its
 	// records rate (committed, over half a second) is back at 90 % of the
 	// first group's over its last two seconds; nil when the first group
@@ -117,6 +127,9 @@ type Results struct {
 	// is missing, with HasPrice false).
 	Price    float64 `json:"price_of_exactly_once"`
 	HasPrice bool    `json:"has_price"`
+	// PriceByProtocol, with several group protocols, is each one's price
+	// (its steady run against effects-only); Price is the first's.
+	PriceByProtocol map[string]float64 `json:"price_by_protocol,omitempty"`
 	// Protocols compares the group protocols the scenarios ran under,
 	// when there were several or with Config.InstanceID.
 	Protocols []ProtocolSummary `json:"protocols,omitempty"`
@@ -466,12 +479,22 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	}
 	r.ExactlyOnce = len(r.Problems) == 0
 	verdict := "exactly once"
+	if ref != nil {
+		_, r.TableChecks = compareTables(r.Tables, ref)
+		var by []string
+		for _, t := range slices.Sorted(maps.Keys(r.TableChecks)) {
+			by = append(by, t+" by "+r.TableChecks[t])
+		}
+		if len(by) > 0 {
+			verdict += " (tables: " + strings.Join(by, ", ") + ")"
+		}
+	}
 	if !r.ExactlyOnce {
 		verdict = "NOT EXACTLY ONCE: " + joinLines(r.Problems)
 	}
 	extra := ""
 	if r.StormShort {
-		extra = fmt.Sprintf(" (the stream ran out after %d of %d changes: raise --events)", len(r.Changes), r.StormPlanned)
+		extra = fmt.Sprintf("; %d of %d changes made before the stream ended (raise --events)", len(r.Changes), r.StormPlanned)
 	}
 	if r.BackAtRateMs != nil {
 		extra = fmt.Sprintf("; back at 90 %% of its records rate %.0f ms after the re-read's start", *r.BackAtRateMs)
@@ -490,14 +513,14 @@ func (b *benchRun) groupResults(r *RunResult, st *groupStats) {
 	st.mu.Unlock()
 	if r.Scenario == Replay && len(r.Changes) == 1 {
 		c := &r.Changes[0]
-		if ms, ok := backAtRate(r.Series, c.Seconds, committed); ok {
+		if ms, ok := backAtRate(r.Series, c.Seconds, committed, 0); ok {
 			c.RecoveryMs, r.BackAtRateMs = ms, &ms
 		}
 	}
 	if r.Scenario != Storm {
 		return
 	}
-	r.RecoveryMedianMs, r.RecoveryMaxMs = recovery(r.Series, r.Changes)
+	r.RecoveryMedianMs, r.RecoveryMaxMs, r.RecoveryMeasured = recovery(r.Series, r.Changes)
 	if !b.cfg.InstanceID {
 		return
 	}
@@ -599,5 +622,33 @@ func summarize(res *Results, steady string) {
 	}
 	if s, e := med[steady], med[EffectsOnly]; s > 0 && e > 0 {
 		res.Price, res.HasPrice = 1-s/e, true
+	}
+	summarizePrices(res)
+}
+
+// summarizePrices sets res.PriceByProtocol from its summary when the
+// scenarios ran under several group protocols (steady-classic,
+// steady-consumer...); Price and HasPrice are the first's.
+func summarizePrices(res *Results) {
+	ps := res.Settings.GroupProtocols
+	if len(ps) < 2 {
+		return
+	}
+	rate := map[string]float64{}
+	for _, l := range res.Summary {
+		rate[l.Name] = l.EventsPerSec
+	}
+	e := rate[EffectsOnly]
+	if e <= 0 {
+		return
+	}
+	res.PriceByProtocol = map[string]float64{}
+	for i, p := range ps {
+		if s := rate[Steady+"-"+p]; s > 0 {
+			res.PriceByProtocol[p] = 1 - s/e
+			if i == 0 {
+				res.Price, res.HasPrice = 1-s/e, true
+			}
+		}
 	}
 }
