@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,5 +172,37 @@ func TestWriteFilesRemovesOldPlots(t *testing.T) {
 	}
 	if _, err := os.Stat(old); err == nil {
 		t.Errorf("%s left from an earlier run", old)
+	}
+}
+
+// A storm's changes never bunch and are never made after the stream has
+// been consumed: on a stream too fast for its planned changes, each is
+// made at least stormSpacing after the previous one returned and before
+// the run's last commit; those that did not fit are said, not made.
+func TestStormChangesKeepApartAndWithinTheStream(t *testing.T) {
+	res := paymentsRun(t, Config{Events: 3000, Partitions: 4, Members: 2, Scenarios: []string{Storm}, NoRawCopy: true, StormChanges: 6})
+	r := res.Runs[1]
+	if r.Name != Storm {
+		t.Fatalf("run %s, want storm", r.Name)
+	}
+	for i, c := range r.Changes {
+		if c.Seconds > r.Seconds {
+			t.Errorf("change %d (%s) made at %.3fs, after the stream's last commit at %.3fs", i+1, c.What, c.Seconds, r.Seconds)
+		}
+		if i > 0 {
+			p := r.Changes[i-1]
+			if gap := c.Seconds - (p.Seconds + p.Took); gap < stormSpacing.Seconds()-0.01 {
+				t.Errorf("change %d made %.3fs after change %d returned, want at least %v", i+1, gap, i, stormSpacing)
+			}
+		}
+	}
+	if short := len(r.Changes) < r.StormPlanned; short != r.StormShort {
+		t.Errorf("%d of %d changes made, StormShort %v", len(r.Changes), r.StormPlanned, r.StormShort)
+	}
+	if r.StormShort {
+		want := fmt.Sprintf("%d of %d changes made before the stream ended", len(r.Changes), r.StormPlanned)
+		if got := changeKinds(r); !strings.Contains(got, want) || !strings.Contains(got, "raise --events") {
+			t.Errorf("changes cell %q, want it to say %q and raise --events", got, want)
+		}
 	}
 }

@@ -79,15 +79,21 @@ type Config struct {
 	// member joins, the oldest leaves, and every third change kills the
 	// oldest (as a SIGKILL would: it never leaves the group, and its
 	// partitions wait for the session timeout) and starts a replacement.
-	// A storm is its changes, not its events: with StormEvery 0 they are
-	// spread over the stream, change k once k/(StormChanges+1) of its
-	// records are committed, so that every one is made whatever the rate.
+	// With StormEvery 0 they are spread over the stream: change k once
+	// k/(StormChanges+1) of its records are committed, and never sooner
+	// than half a second (two of the run's 250 ms samples) after change
+	// k-1 returned, so that changes do not bunch where a sample sees
+	// several shares at once. No change is made once the stream has
+	// been consumed (the group's stored offsets, read just before it):
+	// the changes left are not made, and the run says so
+	// (RunResult.StormShort; "N of M changes made before the stream
+	// ended"). A stream too short for its changes needs more Events.
 	// Default 12.
 	StormChanges int
 	// StormEvery, when set, paces the storm by time instead: a change
 	// every StormEvery from the group's first commit on (a change due
-	// while another runs starts when that one returns); a stream
-	// consumed before the last change is said (RunResult.StormShort).
+	// while another runs starts when that one returns), the same way
+	// never after the stream has been consumed.
 	StormEvery time.Duration
 	// GroupProtocols: the scenarios run under each of these group
 	// protocols in turn, round by round, side by side in one Results
