@@ -279,7 +279,8 @@ func orNone(s []string) string {
 	return strings.Join(s, ", ")
 }
 
-// ReadResults reads a results.json.
+// ReadResults reads a results.json that WriteFiles wrote; a JSON file
+// with no summary of runs is refused as not one.
 func ReadResults(path string) (*Results, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -287,7 +288,10 @@ func ReadResults(path string) (*Results, error) {
 	}
 	var r Results
 	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("%s: not a results.json: %w", path, err)
+		return nil, fmt.Errorf("%s: not a results.json of onceflow bench: %w", path, err)
+	}
+	if len(r.Summary) == 0 {
+		return nil, fmt.Errorf("%s: not a results.json of onceflow bench (no summary of runs)", path)
 	}
 	return &r, nil
 }

@@ -167,6 +167,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	case o.sample != "" && o.template != "":
 		ps = append(ps, errors.New("--sample and --template: give one"))
 	}
+	// 0 is a default to bench.Config, a value given here.
 	for _, f := range []struct {
 		name string
 		v    int
@@ -175,10 +176,16 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			ps = append(ps, fmt.Errorf("--%s %d: at least 1", f.name, f.v))
 		}
 	}
-	if o.compare != "" {
-		if _, err := os.Stat(o.compare); err != nil {
-			ps = append(ps, fmt.Errorf("--compare: %w", err))
-		}
+	flags := cmd.Flags()
+	if flags.Changed("pool") && o.pool < 1 {
+		ps = append(ps, fmt.Errorf("--pool %d: at least 1 (leave it out for postgres.pool_size)", o.pool))
+	}
+	var scenarios []string
+	for _, s := range o.scenarios {
+		scenarios = append(scenarios, strings.TrimSpace(s))
+	}
+	if len(scenarios) == 0 {
+		ps = append(ps, fmt.Errorf("--scenarios: none given (%s, %s, %s, or some of them)", bench.Steady, bench.Storm, bench.Replay))
 	}
 	var protocols []processor.GroupProtocol
 	for _, p := range o.protocols {
@@ -210,6 +217,40 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	if slices.Contains(formats, processor.FormatProtobuf) != (o.protobufSchema != "") {
 		ps = append(ps, errors.New("--formats protobuf and --protobuf-schema go together"))
+	}
+	// The flags' values as bench.Config checks them, before anything is
+	// loaded or run; what only the config gives (the pool, the handlers,
+	// the payloads, the topic) is checked once loaded.
+	early := bench.Config{Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
+		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges,
+		GroupProtocols: protocols, InstanceID: o.instanceID, CPUProfileOf: o.cpuprofileOf, Schema: o.schema, NoRawCopy: o.noRawCopy,
+		PoolSize: max(o.pool, 1)}
+	if o.brokers != "" {
+		early.Brokers = []string{o.brokers}
+	}
+	if o.cpuprofile != "" {
+		early.CPUProfile = io.Discard
+	}
+	for _, p := range bench.Problems(early.Validate()) {
+		var ce *bench.ConfigError
+		if errors.As(p, &ce) && slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic", "GroupProtocols",
+			"Events", "Partitions", "Members", "Rounds", "StormChanges", "PoolSize"}, ce.Field) {
+			continue // checked above, or once the config is loaded
+		}
+		ps = append(ps, flagProblem(p))
+	}
+	// --out and --compare before the run, which may take minutes: the
+	// earlier results are read now, before this run's overwrite them in
+	// the same --out.
+	if err := usableDir(o.out); err != nil {
+		ps = append(ps, err)
+	}
+	var old *bench.Results
+	if o.compare != "" {
+		var err error
+		if old, err = bench.ReadResults(o.compare); err != nil {
+			ps = append(ps, fmt.Errorf("--compare: %w", err))
+		}
 	}
 	if err := errors.Join(ps...); err != nil {
 		return err
@@ -265,7 +306,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size,
 		Brokers: brokers, Topic: topic, Payloads: payloads,
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
-		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
+		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
 		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
 		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
@@ -285,7 +326,11 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		cfg.CPUProfile = io.Discard // for Validate: the file is made once the settings are good
 	}
 	if err := cfg.Validate(); err != nil {
-		return err
+		var fps []error
+		for _, p := range bench.Problems(err) {
+			fps = append(fps, flagProblem(p))
+		}
+		return errors.Join(fps...)
 	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
@@ -321,17 +366,73 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if o.keep {
 		fmt.Fprintf(out, "kept schemas: %s\n", keptSchemas(res))
 	}
-	if o.compare != "" {
-		old, err := bench.ReadResults(o.compare)
-		if err != nil {
-			return errors.Join(runErr, err)
-		}
-		fmt.Fprintf(out, "\ncompared with %s:\n", o.compare)
+	if old != nil {
+		fmt.Fprintf(out, "\ncompared with %s (read before this run):\n", o.compare)
 		if err := bench.Compare(out, old, res); err != nil {
 			return errors.Join(runErr, err)
 		}
 	}
 	return runErr
+}
+
+// benchFlags are bench.Config's fields by the flag or the config key
+// that sets them.
+var benchFlags = map[string]string{
+	"Events": "--events", "Duplicates": "--duplicates", "Partitions": "--partitions", "Members": "--members",
+	"Scenarios": "--scenarios", "Rounds": "--rounds", "StormChanges": "--storm-changes", "StormEvery": "--storm-every",
+	"GroupProtocols": "--group-protocol", "InstanceID": "--instance-id", "Formats": "--formats", "CPUProfileOf": "--cpuprofile-of",
+	"Schema": "--bench-schema", "PoolSize": "--pool", "Brokers": "--brokers", "NoRawCopy": "--no-raw-copy", "Topic": "--topic",
+	"Consumer.Decode.Format": "decode.format", "Consumer.Decode.IDSource": "decode.event_id_source",
+}
+
+// flagProblem is a problem of bench.Config.Validate said with the flag
+// (or config key) that sets its field: "--duplicates 5: a share from 0
+// to 1", not "bench: Duplicates 5: ...". Other errors are returned as
+// they are.
+func flagProblem(err error) error {
+	var ce *bench.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name, ok := benchFlags[ce.Field]
+	if !ok {
+		return err
+	}
+	if ce.Value != "" {
+		return fmt.Errorf("%s %s: %s", name, ce.Value, ce.Problem)
+	}
+	// A sentence naming its fields: each said by its flag.
+	words := strings.Fields(ce.Problem)
+	for i, w := range words {
+		core := strings.TrimRight(strings.TrimLeft(w, "("), "):,")
+		if f, ok := benchFlags[core]; ok && core != "Topic" {
+			words[i] = strings.Replace(w, core, f, 1)
+		}
+	}
+	msg := strings.Join(words, " ")
+	if ce.Field == "Topic" {
+		msg = "no topic: give --topic or kafka.topics"
+	}
+	return errors.New(msg)
+}
+
+// usableDir checks that dir can take bench's output files: a directory
+// (created if missing) in which a file can be written.
+func usableDir(dir string) error {
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return fmt.Errorf("--out %s: not a directory", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".onceflow-bench-*")
+	if err != nil {
+		return fmt.Errorf("--out %s: not writable: %w", dir, err)
+	}
+	name := f.Name()
+	_ = f.Close()
+	_ = os.Remove(name)
+	return nil
 }
 
 // benchHandlers returns the handlers of the config that consume topic,
