@@ -236,7 +236,10 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
-	if b.recs, err = records(s, b.kafka.topic, cfg.Consumer.Decode); err != nil {
+	// The events are Topic's, whatever the topic the records are produced
+	// to (produce sets it): the baselines' handlers see Topic, as the
+	// members' do (topicAs).
+	if b.recs, err = records(s, cfg.Topic, cfg.Consumer.Decode); err != nil {
 		return nil, err
 	}
 	batch := cfg.Consumer.BatchMaxRecords
@@ -259,8 +262,12 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	for _, t := range b.iso.Tables() {
 		res.Settings.Tables = append(res.Settings.Tables, name(t))
 	}
-	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s); handlers %v\n",
-		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, b.names)
+	seen := ""
+	if b.kafka.topic != cfg.Topic {
+		seen = ", which the handlers see as " + cfg.Topic
+	}
+	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s%s); handlers %v\n",
+		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, seen, b.names)
 	if len(res.Settings.Tables) > 0 {
 		fmt.Fprintf(cfg.Progress, "  your tables %v are cloned empty into schemas %s_*; they are not written\n", res.Settings.Tables, cfg.Schema)
 	}

@@ -64,8 +64,9 @@ type Config struct {
 	Brokers      []string
 	KafkaOptions []kgo.Opt
 	// Topic is the topic the stream stands for (required): the embedded
-	// cluster's topic is so named, and the handlers see it as events'
-	// topic; with Brokers, the topic is Topic-bench-<random>.
+	// cluster's topic is so named; with Brokers, the topic is
+	// Topic-bench-<random>, and the handlers still see Topic as their
+	// events' topic (events.topic, Event.Topic, TopicFilter.Consumes).
 	Topic string
 
 	Payloads   *Payloads // required

@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -17,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/internal/members"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // kafkaTopic is where the stream is: an embedded cluster, or a topic of
@@ -177,6 +180,9 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 		if err != nil {
 			return nil, err
 		}
+		if g.kafka.topic != b.cfg.Topic {
+			hs = topicAs(hs, b.cfg.Topic)
+		}
 		cc := members.Tuned(b.cfg.Consumer)
 		cc.ClientID, cc.GroupProtocol, cc.InstanceID = name, g.protocol, ""
 		if g.static {
@@ -212,6 +218,48 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 		return m, nil
 	}
 }
+
+// topicAs wraps hs so that they see the events of bench's own topic on
+// real brokers (Config.Brokers: Topic-bench-<random>) as Topic's, as
+// they do on the embedded cluster, whose topic is Topic: a handler's
+// events.topic and Event.Topic are Topic, and a handler that filters
+// topics (sink.TopicFilter) is asked about Topic. The Writer's own rows
+// (dead letters, offsets) keep the real topic.
+func topicAs(hs []sink.Handler, topic string) []sink.Handler {
+	out := make([]sink.Handler, len(hs))
+	for i, h := range hs {
+		a := asTopic{Handler: h, topic: topic}
+		if f, ok := h.(sink.TopicFilter); ok {
+			out[i] = filteredAsTopic{a, f}
+		} else {
+			out[i] = a
+		}
+	}
+	return out
+}
+
+// asTopic is a handler applying its events as of topic.
+type asTopic struct {
+	sink.Handler
+	topic string
+}
+
+func (h asTopic) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	evs := slices.Clone(events)
+	for i := range evs {
+		evs[i].Topic = h.topic
+	}
+	return h.Handler.Apply(ctx, tx, evs)
+}
+
+// filteredAsTopic is asTopic of a handler that filters topics: it
+// consumes any topic as it consumes topic.
+type filteredAsTopic struct {
+	asTopic
+	f sink.TopicFilter
+}
+
+func (h filteredAsTopic) Consumes(string) bool { return h.f.Consumes(h.topic) }
 
 // Sample is one sample of a scenario run's progress, every 250 ms.
 type Sample struct {

@@ -107,3 +107,37 @@ func TestBenchOutAndCompareAtStart(t *testing.T) {
 
 // squeeze makes runs of spaces one.
 func squeeze(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// On a real Kafka the stream is on a topic of bench's own, but the
+// handlers see the config's topic, as they do on the embedded cluster: a
+// handler that filters on events.topic writes every event.
+func TestBenchHandlersSeeTheConfigsTopic(t *testing.T) {
+	addrs := os.Getenv(envKafka)
+	if addrs == "" {
+		if os.Getenv("CI") != "" && os.Getenv("ONCEFLOW_TEST_KFAKE_ONLY") == "" {
+			t.Fatalf("%s is not set and CI is: this test needs a real Kafka (infra/kafka.sh start)", envKafka)
+		}
+		t.Skipf("%s not set", envKafka)
+	}
+	topic := "payments-" + randomHex(4)
+	schema, config := benchUser(t, addrs, topic, benchPaymentsSQL+"\nWHERE topic = '"+topic+"'")
+	tmpl := filepath.Join(t.TempDir(), "payment.json")
+	if err := os.WriteFile(tmpl, []byte(`{"account": "acct-{{int 1 50}}", "amount": "{{decimal 0.01 999.99 2}}"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	var stderr bytes.Buffer
+	if _, err := runCLI(t, &stderr, "bench", "--config", config, "--template", tmpl, "--events", "300", "--partitions", "3", "--members", "2",
+		"--bench-schema", schema+"_b", "--scenarios", "steady", "--no-raw-copy", "--brokers", "--out", out); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr.String())
+	}
+	res, err := bench.ReadResults(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Runs {
+		if n := r.Tables["payments"].Rows; n != 300 {
+			t.Errorf("%s: the handler filtering on topic = '%s' wrote %d rows, want the 300 events", r.Name, topic, n)
+		}
+	}
+}
