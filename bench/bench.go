@@ -411,7 +411,12 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		b.line.set("  %s: %d unique events, %d per transaction, %d writers", label, len(b.recs.events), batch, b.cfg.PoolSize)
 		r.Records = len(b.recs.events)
 		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
+			var ee *eventError
+			if errors.As(err, &ee) {
+				return nil, fmt.Errorf("%s: the payload of %s does not apply: %s: %w (the baseline applies the payloads directly: they must apply without error)",
+					n, b.cfg.Payloads.origin(ee.event), clip(ee.payload, 200), ee.err)
+			}
 			return nil, fmt.Errorf("%s: %w (the baseline applies the payloads directly: they must apply without error)", n, err)
 		}
 	case Steady, Storm:
@@ -423,7 +428,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 			static: spec.scenario == Storm && b.cfg.InstanceID, r: r, st: &st, own: own})
 		r.NoOwner = stopWatch()
 		if err != nil {
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
 			return nil, err
 		}
 		stop = end
@@ -441,7 +446,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		half, _, err := b.consume(ctx, g)
 		if err != nil {
 			r.NoOwner = stopWatch()
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
 			return nil, err
 		}
 		r.Changes = append(r.Changes, Change{Seconds: time.Since(start).Seconds(), What: "reread"})
@@ -449,7 +454,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		_, end, err := b.consume(ctx, g)
 		r.NoOwner = stopWatch()
 		if err != nil {
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
 			return nil, err
 		}
 		r.Records = len(b.recs.recs) + int(half)
@@ -508,6 +513,24 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	}
 	b.line.done("  %s: %.0f events/s (%d events in %.1fs); %s%s", label, r.EventsPerSec, r.Events, r.Seconds, verdict, extra)
 	return r, nil
+}
+
+// failed ends a run's progress: "interrupted" when ctx ended (a signal),
+// else "failed".
+func (b *benchRun) failed(ctx context.Context, label string) {
+	if ctx.Err() != nil {
+		b.line.done("  %s: interrupted", label)
+		return
+	}
+	b.line.done("  %s: failed", label)
+}
+
+// clip is s, cut to n bytes with "…" when longer.
+func clip(s []byte, n int) string {
+	if len(s) <= n {
+		return string(s)
+	}
+	return string(s[:n]) + "…"
 }
 
 // groupResults completes a scenario run from its groups' counters: the
