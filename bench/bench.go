@@ -136,6 +136,9 @@ type Results struct {
 	// Formats compares each scenario in each of Config.Formats with its
 	// JSON runs (the summary's medians).
 	Formats []FormatRatio `json:"formats,omitempty"`
+	// Schemas are the schemas the runs made, in order, a run that did
+	// not finish included: left in the database with Config.Keep.
+	Schemas []string `json:"-"`
 }
 
 // Settings are what a run measured, for the report and for comparing.
@@ -189,6 +192,7 @@ type benchRun struct {
 	mu    sync.Mutex
 	// noCheckpoint: CHECKPOINT was refused once (said then).
 	noCheckpoint bool
+	schemas      []string       // made by the runs, in order
 	profiled     bool           // the CPU profile was taken
 	formats      []*formatTopic // Config.Formats' streams
 }
@@ -211,6 +215,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	_, _ = rand.Read(id)
 	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: hex.EncodeToString(id)}
 	res = &Results{Started: time.Now().UTC()}
+	defer func() {
+		if res != nil {
+			b.mu.Lock()
+			res.Schemas = slices.Clone(b.schemas)
+			b.mu.Unlock()
+		}
+	}()
 	hs, err := cfg.Handlers(cfg.Schema + "_probe")
 	if err != nil {
 		return nil, err
@@ -364,6 +375,9 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	if err != nil {
 		return nil, err
 	}
+	b.mu.Lock()
+	b.schemas = append(b.schemas, schema)
+	b.mu.Unlock()
 	defer pool.Close()
 	defer func() {
 		if !b.cfg.Keep {

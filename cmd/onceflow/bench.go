@@ -65,10 +65,12 @@ stream through the pipeline run uses, in a consumer group of --members
 members, and measures unique events per second in each scenario:
 
   steady   the group keeps still
-  storm    --storm-changes membership changes, spread over the stream (or one
-           every --storm-every): a member joins, the oldest leaves, and every
-           third change the oldest is killed (as SIGKILL: its partitions wait
-           for the session timeout) and a replacement joins
+  storm    --storm-changes membership changes, spread over the stream, at
+           least 0.5 s apart (or one every --storm-every): a member joins, the
+           oldest leaves, and every third change the oldest is killed (as
+           SIGKILL: its partitions wait for the session timeout) and a
+           replacement joins; none is made once the stream is consumed, and
+           the report says how many were (raise --events for all)
   replay   half-way the group stops, and a group with no stored offsets reads
            the topic again from its start: what was applied must apply nothing
 
@@ -87,7 +89,8 @@ document whose strings may hold {{uuid}}, {{event_id}}, {{seq}},
 delivered again (same id and payload), a third of those on another partition.
 
 Your tables are never written: each run has a schema of its own
-(--schema_<run>_r<round>) holding empty clones of the tables the SQL handlers
+(<--bench-schema>_<random>_<run>_r<round>, e.g.
+onceflow_bench_1a2b3c4d_steady_r1) holding empty clones of the tables the SQL handlers
 write (CREATE TABLE … (LIKE … INCLUDING ALL)), first on the search_path of
 the benchmark's connections, with onceflow's tables and the Go handlers'.
 When a handler's writes cannot be redirected there (a schema-qualified
@@ -348,7 +351,13 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// commit or a merge made meanwhile is not the code that ran.
 	checkout := checkoutBuild()
 	res, runErr := bench.Run(cmd.Context(), cfg)
-	if res == nil || len(res.Summary) == 0 {
+	if interrupted := runErr != nil && cmd.Context().Err() != nil; interrupted || res == nil || len(res.Summary) == 0 {
+		if o.keep && res != nil && len(res.Schemas) > 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "kept schemas: %s\n", keptSchemas(res))
+		}
+		if interrupted {
+			return errors.New("interrupted: nothing written to --out")
+		}
 		return runErr
 	}
 	if res.Settings.Build == "" {
@@ -483,11 +492,7 @@ func benchLogger(c config.Log) *slog.Logger {
 }
 
 func keptSchemas(res *bench.Results) string {
-	var s []string
-	for _, r := range res.Runs {
-		s = append(s, r.Schema)
-	}
-	return strings.Join(s, ", ")
+	return strings.Join(res.Schemas, ", ")
 }
 
 // benchCommandLine is the command line results.md quotes, the password

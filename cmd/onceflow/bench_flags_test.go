@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/onceflow/onceflow/bench"
@@ -138,6 +140,62 @@ func TestBenchHandlersSeeTheConfigsTopic(t *testing.T) {
 	for _, r := range res.Runs {
 		if n := r.Tables["payments"].Rows; n != 300 {
 			t.Errorf("%s: the handler filtering on topic = '%s' wrote %d rows, want the 300 events", r.Name, topic, n)
+		}
+	}
+}
+
+// cancelOn is a writer that cancels when what it was written contains s.
+type cancelOn struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	s      string
+	cancel context.CancelFunc
+}
+
+func (w *cancelOn) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.s) {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+func (w *cancelOn) String() string { w.mu.Lock(); defer w.mu.Unlock(); return w.buf.String() }
+
+// A bench interrupted (SIGINT: its context ends) says it was
+// interrupted, and with --keep which schemas it kept, the interrupted
+// run's included.
+func TestBenchInterrupted(t *testing.T) {
+	schema, config := benchUser(t, "127.0.0.1:1", "payments-"+randomHex(4), `WITH pace AS (SELECT pg_sleep(0.05))
+INSERT INTO payments (event_id, account, amount, paid_at)
+SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp" FROM events, pace`)
+	tmpl := filepath.Join(t.TempDir(), "payment.json")
+	if err := os.WriteFile(tmpl, []byte(`{"account": "acct-{{int 1 50}}", "amount": "{{decimal 0.01 999.99 2}}"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stderr := &cancelOn{s: "steady (round 1): ", cancel: cancel}
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(stderr)
+	root.SetArgs([]string{"bench", "--config", config, "--template", tmpl, "--events", "5000", "--partitions", "3", "--members", "2",
+		"--bench-schema", schema + "_b", "--scenarios", "steady", "--no-raw-copy", "--keep", "--out", t.TempDir(),
+		"--pool", "2"})
+	err := root.ExecuteContext(ctx)
+	if err == nil || !strings.Contains(err.Error(), "interrupted") || strings.Contains(err.Error(), "context canceled") {
+		t.Fatalf("bench interrupted: %v, want it to say interrupted (not context canceled)\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "steady (round 1): interrupted") {
+		t.Errorf("progress lacks the interrupted run:\n%s", stderr.String())
+	}
+	all := stderr.String() + out.String()
+	for _, run := range []string{"effects_only_r1", "steady_r1"} {
+		if !strings.Contains(all, "kept schemas: ") || !strings.Contains(all, run) {
+			t.Errorf("output lacks the kept schema of %s:\n%s", run, all)
 		}
 	}
 }
