@@ -178,7 +178,7 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 		}
 		changes := strings.Join(kinds, ", ")
 		if s.StormShort {
-			changes += " (**the stream ran out first**)"
+			changes = orDash(changes) + " (**fewer than planned: the stream ended first**; raise --events)"
 		}
 		static := "–"
 		if s.StaticMoved != nil {
