@@ -184,8 +184,9 @@ func (c Config) withDefaults() Config {
 
 // ConfigError is one problem of a Config: Field is the Config field's
 // name (Duplicates, StormEvery...), Value its value as given, Problem
-// what is wrong with it (with no Value, a sentence naming the field). The command maps Field
-// to its flag (--duplicates 5: a share from 0 to 1).
+// what is wrong with it (with no Value, a sentence naming the field).
+// `onceflow bench` says Field by its flag (--duplicates 5: a share from
+// 0 to 1).
 type ConfigError struct {
 	Field   string
 	Value   string

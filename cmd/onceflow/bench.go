@@ -245,7 +245,8 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// --out and --compare before the run, which may take minutes: the
 	// earlier results are read now, before this run's overwrite them in
 	// the same --out.
-	if err := usableDir(o.out); err != nil {
+	created, err := usableDir(o.out)
+	if err != nil {
 		ps = append(ps, err)
 	}
 	var old *bench.Results
@@ -256,6 +257,9 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		}
 	}
 	if err := errors.Join(ps...); err != nil {
+		if created {
+			_ = os.Remove(o.out) // made empty just now: a refused run leaves nothing
+		}
 		return err
 	}
 	a, err := loadBinding(cmd, benchBinds)
@@ -268,7 +272,10 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	payloads, err := bench.LoadPayloads(path, isTemplate)
 	if err != nil {
-		return err
+		if isTemplate {
+			return fmt.Errorf("--template: %w", err)
+		}
+		return fmt.Errorf("--sample: %w", err)
 	}
 	topic := o.topic
 	if topic == "" && len(a.cfg.Kafka.Topics) > 0 {
@@ -426,22 +433,28 @@ func flagProblem(err error) error {
 }
 
 // usableDir checks that dir can take bench's output files: a directory
-// (created if missing) in which a file can be written.
-func usableDir(dir string) error {
-	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
-		return fmt.Errorf("--out %s: not a directory", dir)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("--out: %w", err)
+// (created if missing: created says so) in which a file can be written.
+func usableDir(dir string) (created bool, err error) {
+	st, err := os.Stat(dir)
+	switch {
+	case err == nil && !st.IsDir():
+		return false, fmt.Errorf("--out %s: not a directory", dir)
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return false, fmt.Errorf("--out: %w", err)
+		}
+		created = true
+	case err != nil:
+		return false, fmt.Errorf("--out: %w", err)
 	}
 	f, err := os.CreateTemp(dir, ".onceflow-bench-*")
 	if err != nil {
-		return fmt.Errorf("--out %s: not writable: %w", dir, err)
+		return created, fmt.Errorf("--out %s: not writable: %w", dir, err)
 	}
 	name := f.Name()
 	_ = f.Close()
 	_ = os.Remove(name)
-	return nil
+	return created, nil
 }
 
 // benchHandlers returns the handlers of the config that consume topic,
