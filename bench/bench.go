@@ -68,9 +68,9 @@ type RunResult struct {
 	// rate, over half a second, is back to 90 % of its rate before the
 	// change (Change.RecoveryMs: the greater of the rate over the two
 	// seconds before and the run's median rate up to the change). A
-	// change with no rate before it (the run's first second, or nothing
-	// applied yet) or after which the stream ended first is not
-	// measured; with none measured both are 0 and mean nothing.
+	// change with no rate before it (nothing applied for half a second
+	// yet) or after which the stream ended first is not measured; with
+	// none measured both are 0 and mean nothing.
 	RecoveryMedianMs float64 `json:"recovery_median_ms,omitempty"`
 	RecoveryMaxMs    float64 `json:"recovery_max_ms,omitempty"`
 	RecoveryMeasured int     `json:"recovery_measured,omitempty"`

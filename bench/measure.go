@@ -38,14 +38,16 @@ const recoveryWindow = 0.5
 // recovery measures, for each change, the time until the applied rate
 // over the last recoveryWindow is back to recoveryShare of the rate
 // before the change, and sets the change's RecoveryMs. The rate before
-// is the greater of the rate over the two seconds before the change and
-// the run's median rate up to it (over the samples' intervals since the
-// first pair applied): a change whose two seconds before were a stall is
-// measured against the run's rate, not the stall's. A change is not
-// measured (RecoveryMs 0) when there is no rate before it (within the
-// run's first second of samples, or before anything was applied) or when
-// the stream ended before the rate came back; median and maxMs are over
-// the measured changes, of which there are measured (0, 0, 0 for none).
+// is the greater of the rate over the two seconds before the change
+// (when the series has a second before it at least) and the run's
+// median rate up to it (over the samples' intervals since the first
+// pair applied, two intervals at least): a change whose two seconds
+// before were a stall is measured against the run's rate, not the
+// stall's, and one in the run's first seconds against the rate so far.
+// A change is not measured (RecoveryMs 0) when there is no rate before
+// it (nothing applied for half a second yet) or when the stream ended
+// before the rate came back; median and maxMs are over the measured
+// changes, of which there are measured (0, 0, 0 for none).
 func recovery(series []Sample, changes []Change) (median, maxMs float64, measured int) {
 	var rs []float64
 	for ci := range changes {
@@ -65,7 +67,7 @@ func recovery(series []Sample, changes []Change) (median, maxMs float64, measure
 
 // medianRate is the median (the lower middle) of value's rates over the
 // intervals between the series' samples up to at, from the first
-// interval in which value moved; 0 when none.
+// interval in which value moved; 0 when there are fewer than two.
 func medianRate(series []Sample, at float64, value func(Sample) int64) float64 {
 	var rates []float64
 	started := false
@@ -78,7 +80,7 @@ func medianRate(series []Sample, at float64, value func(Sample) int64) float64 {
 			rates = append(rates, float64(dv)/dt)
 		}
 	}
-	if len(rates) == 0 {
+	if len(rates) < 2 {
 		return 0
 	}
 	slices.Sort(rates)
@@ -91,8 +93,8 @@ func committed(s Sample) int64 { return s.Committed }
 // backAtRate is the time, in milliseconds, from at until the rate of
 // value over recoveryWindow, a window wholly after at, is back to
 // recoveryShare of its rate before at: the greater of its rate over the
-// two seconds up to at and floor. It is false when it never is before
-// the series ends, when the series has less than a second before at, or
+// two seconds up to at (when the series has a second before at at least)
+// and floor. It is false when it never is before the series ends, or
 // when the rate before is 0. The windows after at measure from samples
 // taken at or after it only, so a value that starts again from zero at
 // at (the replay's second group's committed records) is measured from
@@ -123,8 +125,11 @@ func backAtRate(series []Sample, at float64, value func(Sample) int64, floor flo
 		return 0, false
 	}
 	before, ok := rate(last, 2, math.Inf(-1))
+	if !ok { // under a second of series before at: floor alone
+		before = 0
+	}
 	before = max(before, floor)
-	if !ok || before <= 0 {
+	if before <= 0 {
 		return 0, false
 	}
 	for i := after; i < len(series); i++ {

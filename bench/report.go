@@ -159,7 +159,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 	md.WriteString("\nBatch latency: a committed batch's, from its closing to its COMMIT. Recovery: after each membership change, the time until the applied rate " +
 		"over half a second is back at 90 % of its rate before the change: the greater of its rate over the two seconds before and the run's median rate " +
 		"(over the 250 ms samples since the first pair applied) up to the change, so that a change after a stall is not measured against the stall. " +
-		"A change is not measured when it came before the run had a rate (its first second, or before anything was applied) or when the stream ended " +
+		"A change is not measured when it came before the run had a rate (before anything was applied for half a second) or when the stream ended " +
 		"before the rate came back; the median and the maximum are of the changes measured, \"–\" when none was. " +
 		"a replay's, the same of the records rate from the re-reading group's start, against the first group's last two seconds. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms). " +

@@ -206,3 +206,21 @@ func TestStormChangesKeepApartAndWithinTheStream(t *testing.T) {
 		}
 	}
 }
+
+// A change in the run's first two seconds, before a two-second window
+// exists, is measured against the run's median rate up to it.
+func TestRecoveryEarlyChange(t *testing.T) {
+	var series []Sample
+	applied := int64(0)
+	for i := 0; i <= 24; i++ { // 0.25 s apart
+		s := float64(i) / 4
+		if s > 0 && (s <= 1 || s > 2.5) { // 1000 pairs/s, a stall from 1 s to 2.5 s
+			applied += 250
+		}
+		series = append(series, Sample{Seconds: s, Applied: applied})
+	}
+	changes := []Change{{Seconds: 1, What: "kill"}}
+	if _, _, n := recovery(series, changes); n != 1 || changes[0].RecoveryMs < 1500 {
+		t.Errorf("a change at 1 s: %d measured, recovery %v ms; want it measured, ≥ 1500 ms", n, changes[0].RecoveryMs)
+	}
+}

@@ -282,8 +282,8 @@ type Change struct {
 	// its replacement to start.
 	Took float64 `json:"took_s,omitempty"`
 	// RecoveryMs is the time until the rate recovered (see recovery); 0
-	// when not measured: no rate before the change (the run's first
-	// second, or nothing applied yet), or the stream ended first.
+	// when not measured: no rate before the change (nothing applied for
+	// half a second yet), or the stream ended first.
 	RecoveryMs float64 `json:"recovery_ms,omitempty"`
 	// Held and Moved (restart): the partitions the member ran when it was
 	// killed, and how many of them another member ran before the restart
