@@ -237,7 +237,8 @@ func tableChecks(runs []RunResult) string {
 }
 
 // changeKinds counts a scenario run's membership changes by kind, and
-// says when a storm's stream ran out before its last change.
+// says how many of a storm's planned changes were made when the stream
+// ended before the last.
 func changeKinds(r RunResult) string {
 	if len(r.Changes) == 0 && !r.StormShort {
 		return "–"
