@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // Validate lists every problem at once, each naming its field, the
@@ -222,5 +226,50 @@ func TestRecoveryEarlyChange(t *testing.T) {
 	changes := []Change{{Seconds: 1, What: "kill"}}
 	if _, _, n := recovery(series, changes); n != 1 || changes[0].RecoveryMs < 1500 {
 		t.Errorf("a change at 1 s: %d measured, recovery %v ms; want it measured, ≥ 1500 ms", n, changes[0].RecoveryMs)
+	}
+}
+
+// recorder is a handler that keeps the topics it was given, and filters
+// topics when only is set.
+type recorder struct {
+	topics []string
+	only   string
+}
+
+func (r *recorder) Name() string { return "recorder" }
+func (r *recorder) Apply(_ context.Context, _ pgx.Tx, evs []sink.Event) error {
+	for _, e := range evs {
+		r.topics = append(r.topics, e.Topic)
+	}
+	return nil
+}
+
+type filtering struct{ *recorder }
+
+func (f filtering) Consumes(topic string) bool { return topic == f.only }
+
+// On real brokers the handlers see the config's topic: their events'
+// Topic is it, a topic filter is asked about it, and a handler that
+// filters no topic does not become one that does.
+func TestTopicAs(t *testing.T) {
+	plain, filt := &recorder{}, filtering{&recorder{only: "payments"}}
+	hs := topicAs([]sink.Handler{plain, filt}, "payments")
+	evs := []sink.Event{{Topic: "payments-bench-1a2b"}, {Topic: "payments-bench-1a2b"}}
+	for _, h := range hs {
+		if err := h.Apply(t.Context(), nil, evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := strings.Join(append(plain.topics, filt.topics...), ","); got != "payments,payments,payments,payments" {
+		t.Errorf("handlers saw topics %s, want payments each", got)
+	}
+	if evs[0].Topic != "payments-bench-1a2b" {
+		t.Errorf("the batch's events were changed: %s", evs[0].Topic)
+	}
+	if _, ok := hs[0].(sink.TopicFilter); ok {
+		t.Errorf("a handler without a topic filter became one")
+	}
+	if f, ok := hs[1].(sink.TopicFilter); !ok || !f.Consumes("payments-bench-1a2b") {
+		t.Errorf("the filtering handler does not consume bench's topic standing for payments")
 	}
 }
