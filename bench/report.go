@@ -146,6 +146,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 			wait = noOwner(r.NoOwner)
 		}
 		switch {
+		case r.Scenario == Storm && len(r.Changes) == 0: // none made: "changes" says why
 		case r.Scenario == Storm && r.RecoveryMeasured == 0:
 			rec = fmt.Sprintf("– (0 of %d measured)", len(r.Changes))
 		case r.Scenario == Storm:
