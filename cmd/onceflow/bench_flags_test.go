@@ -184,7 +184,7 @@ SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp"
 	root.SetErr(stderr)
 	root.SetArgs([]string{"bench", "--config", config, "--template", tmpl, "--events", "5000", "--partitions", "3", "--members", "2",
 		"--bench-schema", schema + "_b", "--scenarios", "steady", "--no-raw-copy", "--keep", "--out", t.TempDir(),
-		"--pool", "2"})
+		"--pool", "2", "--batch-max-records", "50"}) // paced batches of 50: the steady run lasts two seconds at least
 	err := root.ExecuteContext(ctx)
 	if err == nil || !strings.Contains(err.Error(), "interrupted") || strings.Contains(err.Error(), "context canceled") {
 		t.Fatalf("bench interrupted: %v, want it to say interrupted (not context canceled)\n%s", err, stderr.String())
