@@ -81,7 +81,15 @@ func baseline(ctx context.Context, pool *pgxpool.Pool, schema string, hs []sink.
 				continue
 			}
 			if err := h.Apply(ctx, tx, s.evs); err != nil {
-				return fmt.Errorf("handler %s: %w", h.Name(), err)
+				err = fmt.Errorf("handler %s: %w", h.Name(), err)
+				if sink.IsTransient(err) || ctx.Err() != nil {
+					return err
+				}
+				_ = tx.Rollback(ctx)
+				if k, ok := firstFailing(ctx, pool, h, s.evs); ok {
+					return &eventError{event: b[k], payload: s.evs[k].Value, err: err}
+				}
+				return err
 			}
 		}
 		return tx.Commit(ctx)
@@ -138,10 +146,65 @@ feed:
 	}
 	close(jobs)
 	wg.Wait()
+	// The writers stopped by the first one's failure say "context
+	// canceled": the failure is said alone.
+	var failed []error
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			failed = append(failed, err)
+		}
+	}
+	if err := errors.Join(failed...); err != nil {
+		return err
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	return ctx.Err()
+}
+
+// eventError is a baseline's failure that one event's payload causes:
+// event is its index in the events given to baseline.
+type eventError struct {
+	event   int
+	payload []byte
+	err     error
+}
+
+func (e *eventError) Error() string { return fmt.Sprintf("event %d: %v", e.event+1, e.err) }
+func (e *eventError) Unwrap() error { return e.err }
+
+// firstFailing finds the event of evs that h fails on: the shortest
+// prefix of evs that h fails to apply, found by halving, each attempt in
+// a transaction rolled back; its last event's index. false when h
+// applies them all now, or an attempt fails otherwise (a lost
+// connection).
+func firstFailing(ctx context.Context, pool *pgxpool.Pool, h sink.Handler, evs []sink.Event) (int, bool) {
+	fails := func(n int) (bool, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		return h.Apply(ctx, tx, evs[:n]) != nil, nil
+	}
+	if f, err := fails(len(evs)); err != nil || !f {
+		return 0, false
+	}
+	lo, hi := 0, len(evs) // evs[:lo] applies, evs[:hi] fails
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		f, err := fails(mid)
+		if err != nil {
+			return 0, false
+		}
+		if f {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi - 1, true
 }
 
 // byPartition returns the indexes of evs by topic and partition, in offset

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -39,8 +40,12 @@ type RunResult struct {
 	ExactlyOnce bool                  `json:"exactly_once"`
 	Problems    []string              `json:"problems,omitempty"`
 	Tables      map[string]TableState `json:"tables,omitempty"`
-	Series      []Sample              `json:"series,omitempty"`
-	Changes     []Change              `json:"changes,omitempty"`
+	// TableChecks says how each table passed the comparison with
+	// effects-only (CheckDigest, CheckSums); a table that failed it is
+	// in Problems instead.
+	TableChecks map[string]string `json:"table_checks,omitempty"`
+	Series      []Sample          `json:"series,omitempty"`
+	Changes     []Change          `json:"changes,omitempty"`
 	// Consumer is the members' counters summed (scenarios only): where
 	// a run's time goes starts with its batches' sizes and its skips.
 	Consumer *ConsumerStats `json:"consumer,omitempty"`
@@ -58,12 +63,17 @@ type RunResult struct {
 	// server began during the run.
 	FromCheckpoint bool   `json:"from_checkpoint"`
 	Checkpoints    *int64 `json:"checkpoints,omitempty"`
-	// RecoveryMedianMs and RecoveryMaxMs (storm): over the changes, the
-	// time until the applied rate, over half a second, is back to 90 % of
-	// its rate over the two seconds before the change (Change.RecoveryMs);
-	// changes after which the stream ended first are left out.
+	// RecoveryMedianMs and RecoveryMaxMs (storm): over the changes
+	// measured, RecoveryMeasured of them, the time until the applied
+	// rate, over half a second, is back to 90 % of its rate before the
+	// change (Change.RecoveryMs: the greater of the rate over the two
+	// seconds before and the run's median rate up to the change). A
+	// change with no rate before it (nothing applied for half a second
+	// yet) or after which the stream ended first is not measured; with
+	// none measured both are 0 and mean nothing.
 	RecoveryMedianMs float64 `json:"recovery_median_ms,omitempty"`
 	RecoveryMaxMs    float64 `json:"recovery_max_ms,omitempty"`
+	RecoveryMeasured int     `json:"recovery_measured,omitempty"`
 	// BackAtRateMs (replay): from the second group's start until its
 	// records rate (committed, over half a second) is back at 90 % of the
 	// first group's over its last two seconds; nil when the first group
@@ -117,12 +127,18 @@ type Results struct {
 	// is missing, with HasPrice false).
 	Price    float64 `json:"price_of_exactly_once"`
 	HasPrice bool    `json:"has_price"`
+	// PriceByProtocol, with several group protocols, is each one's price
+	// (its steady run against effects-only); Price is the first's.
+	PriceByProtocol map[string]float64 `json:"price_by_protocol,omitempty"`
 	// Protocols compares the group protocols the scenarios ran under,
 	// when there were several or with Config.InstanceID.
 	Protocols []ProtocolSummary `json:"protocols,omitempty"`
 	// Formats compares each scenario in each of Config.Formats with its
 	// JSON runs (the summary's medians).
 	Formats []FormatRatio `json:"formats,omitempty"`
+	// Schemas are the schemas the runs made, in order, a run that did
+	// not finish included: left in the database with Config.Keep.
+	Schemas []string `json:"-"`
 }
 
 // Settings are what a run measured, for the report and for comparing.
@@ -176,6 +192,7 @@ type benchRun struct {
 	mu    sync.Mutex
 	// noCheckpoint: CHECKPOINT was refused once (said then).
 	noCheckpoint bool
+	schemas      []string       // made by the runs, in order
 	profiled     bool           // the CPU profile was taken
 	formats      []*formatTopic // Config.Formats' streams
 }
@@ -198,6 +215,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	_, _ = rand.Read(id)
 	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: hex.EncodeToString(id)}
 	res = &Results{Started: time.Now().UTC()}
+	defer func() {
+		if res != nil {
+			b.mu.Lock()
+			res.Schemas = slices.Clone(b.schemas)
+			b.mu.Unlock()
+		}
+	}()
 	hs, err := cfg.Handlers(cfg.Schema + "_probe")
 	if err != nil {
 		return nil, err
@@ -223,7 +247,10 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
-	if b.recs, err = records(s, b.kafka.topic, cfg.Consumer.Decode); err != nil {
+	// The events are Topic's, whatever the topic the records are produced
+	// to (produce sets it): the baselines' handlers see Topic, as the
+	// members' do (topicAs).
+	if b.recs, err = records(s, cfg.Topic, cfg.Consumer.Decode); err != nil {
 		return nil, err
 	}
 	batch := cfg.Consumer.BatchMaxRecords
@@ -246,8 +273,12 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	for _, t := range b.iso.Tables() {
 		res.Settings.Tables = append(res.Settings.Tables, name(t))
 	}
-	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s); handlers %v\n",
-		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, b.names)
+	seen := ""
+	if b.kafka.topic != cfg.Topic {
+		seen = ", which the handlers see as " + cfg.Topic
+	}
+	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s%s); handlers %v\n",
+		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, seen, b.names)
 	if len(res.Settings.Tables) > 0 {
 		fmt.Fprintf(cfg.Progress, "  your tables %v are cloned empty into schemas %s_*; they are not written\n", res.Settings.Tables, cfg.Schema)
 	}
@@ -344,6 +375,9 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	if err != nil {
 		return nil, err
 	}
+	b.mu.Lock()
+	b.schemas = append(b.schemas, schema)
+	b.mu.Unlock()
 	defer pool.Close()
 	defer func() {
 		if !b.cfg.Keep {
@@ -391,7 +425,12 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		b.line.set("  %s: %d unique events, %d per transaction, %d writers", label, len(b.recs.events), batch, b.cfg.PoolSize)
 		r.Records = len(b.recs.events)
 		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
+			var ee *eventError
+			if errors.As(err, &ee) {
+				return nil, fmt.Errorf("%s: the payload of %s does not apply: %s: %w (the baseline applies the payloads directly: they must apply without error)",
+					n, b.cfg.Payloads.origin(ee.event), clip(ee.payload, 200), ee.err)
+			}
 			return nil, fmt.Errorf("%s: %w (the baseline applies the payloads directly: they must apply without error)", n, err)
 		}
 	case Steady, Storm:
@@ -403,7 +442,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 			static: spec.scenario == Storm && b.cfg.InstanceID, r: r, st: &st, own: own})
 		r.NoOwner = stopWatch()
 		if err != nil {
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
 			return nil, err
 		}
 		stop = end
@@ -421,7 +460,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		half, _, err := b.consume(ctx, g)
 		if err != nil {
 			r.NoOwner = stopWatch()
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
 			return nil, err
 		}
 		r.Changes = append(r.Changes, Change{Seconds: time.Since(start).Seconds(), What: "reread"})
@@ -429,7 +468,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		_, end, err := b.consume(ctx, g)
 		r.NoOwner = stopWatch()
 		if err != nil {
-			b.line.done("  %s: failed", label)
+			b.failed(ctx, label)
 			return nil, err
 		}
 		r.Records = len(b.recs.recs) + int(half)
@@ -466,18 +505,46 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 	}
 	r.ExactlyOnce = len(r.Problems) == 0
 	verdict := "exactly once"
+	if ref != nil {
+		_, r.TableChecks = compareTables(r.Tables, ref)
+		var by []string
+		for _, t := range slices.Sorted(maps.Keys(r.TableChecks)) {
+			by = append(by, t+" by "+r.TableChecks[t])
+		}
+		if len(by) > 0 {
+			verdict += " (tables: " + strings.Join(by, ", ") + ")"
+		}
+	}
 	if !r.ExactlyOnce {
 		verdict = "NOT EXACTLY ONCE: " + joinLines(r.Problems)
 	}
 	extra := ""
 	if r.StormShort {
-		extra = fmt.Sprintf(" (the stream ran out after %d of %d changes: raise --events)", len(r.Changes), r.StormPlanned)
+		extra = fmt.Sprintf("; %d of %d changes made before the stream ended (raise --events)", len(r.Changes), r.StormPlanned)
 	}
 	if r.BackAtRateMs != nil {
 		extra = fmt.Sprintf("; back at 90 %% of its records rate %.0f ms after the re-read's start", *r.BackAtRateMs)
 	}
 	b.line.done("  %s: %.0f events/s (%d events in %.1fs); %s%s", label, r.EventsPerSec, r.Events, r.Seconds, verdict, extra)
 	return r, nil
+}
+
+// failed ends a run's progress: "interrupted" when ctx ended (a signal),
+// else "failed".
+func (b *benchRun) failed(ctx context.Context, label string) {
+	if ctx.Err() != nil {
+		b.line.done("  %s: interrupted", label)
+		return
+	}
+	b.line.done("  %s: failed", label)
+}
+
+// clip is s, cut to n bytes with "…" when longer.
+func clip(s []byte, n int) string {
+	if len(s) <= n {
+		return string(s)
+	}
+	return string(s[:n]) + "…"
 }
 
 // groupResults completes a scenario run from its groups' counters: the
@@ -490,14 +557,14 @@ func (b *benchRun) groupResults(r *RunResult, st *groupStats) {
 	st.mu.Unlock()
 	if r.Scenario == Replay && len(r.Changes) == 1 {
 		c := &r.Changes[0]
-		if ms, ok := backAtRate(r.Series, c.Seconds, committed); ok {
+		if ms, ok := backAtRate(r.Series, c.Seconds, committed, 0); ok {
 			c.RecoveryMs, r.BackAtRateMs = ms, &ms
 		}
 	}
 	if r.Scenario != Storm {
 		return
 	}
-	r.RecoveryMedianMs, r.RecoveryMaxMs = recovery(r.Series, r.Changes)
+	r.RecoveryMedianMs, r.RecoveryMaxMs, r.RecoveryMeasured = recovery(r.Series, r.Changes)
 	if !b.cfg.InstanceID {
 		return
 	}
@@ -599,5 +666,33 @@ func summarize(res *Results, steady string) {
 	}
 	if s, e := med[steady], med[EffectsOnly]; s > 0 && e > 0 {
 		res.Price, res.HasPrice = 1-s/e, true
+	}
+	summarizePrices(res)
+}
+
+// summarizePrices sets res.PriceByProtocol from its summary when the
+// scenarios ran under several group protocols (steady-classic,
+// steady-consumer...); Price and HasPrice are the first's.
+func summarizePrices(res *Results) {
+	ps := res.Settings.GroupProtocols
+	if len(ps) < 2 {
+		return
+	}
+	rate := map[string]float64{}
+	for _, l := range res.Summary {
+		rate[l.Name] = l.EventsPerSec
+	}
+	e := rate[EffectsOnly]
+	if e <= 0 {
+		return
+	}
+	res.PriceByProtocol = map[string]float64{}
+	for i, p := range ps {
+		if s := rate[Steady+"-"+p]; s > 0 {
+			res.PriceByProtocol[p] = 1 - s/e
+			if i == 0 {
+				res.Price, res.HasPrice = 1-s/e, true
+			}
+		}
 	}
 }

@@ -73,8 +73,8 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 			scenario && (r.Consumer.Batches == 0 || r.Consumer.RecordsConsumed < 520) {
 			t.Errorf("%s: consumer stats %+v", r.Name, r.Consumer)
 		}
-		if r.Name == Storm && len(r.Changes) == 0 {
-			t.Errorf("storm: no membership change")
+		if r.Name == Storm && len(r.Changes) == 0 && !r.StormShort {
+			t.Errorf("storm: no membership change, and the stream's end not said")
 		}
 		if r.Name == Replay && (len(r.Changes) != 1 || r.Records <= 520) {
 			t.Errorf("replay: changes %v, %d records read; want a restart and more than the 520 records", r.Changes, r.Records)
@@ -164,8 +164,8 @@ func TestCheckSeesDoubles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"handler payments claimed 49 events, want the 50 unique ones", "table payments has 51 rows, effects-only wrote 50"}
-	if strings.Join(ps, "\n") != strings.Join(want, "\n") {
+	want := []string{"handler payments claimed 49 events, want the 50 unique ones", "table payments has 51 rows, effects-only wrote 50: column amount sums to "}
+	if len(ps) != 2 || ps[0] != want[0] || !strings.HasPrefix(ps[1], want[1]) {
 		t.Fatalf("check = %q, want %q", ps, want)
 	}
 	// The same rows count but a changed row: the digest says so.

@@ -22,7 +22,9 @@
 //   - the baselines and the scenarios ([Run]), each checked from the
 //     tables: every handler claimed every unique event once, no dead
 //     letter, and the written tables hold what the effects-only baseline
-//     wrote (the same rows, counted and digested);
+//     wrote (the same rows, counted and digested, or, for rows that
+//     depend on the delivery applied, the same sums and distinct values;
+//     [CheckDigest], [CheckSums]);
 //   - what each run measures beside its rate: its committed batches'
 //     latency, this process's peak RSS, the checkpoints the server began
 //     during it (with [Config.Checkpoint], each run starts right after

@@ -18,31 +18,47 @@ import (
 // ([ParseSample]) or a [Template]'s document with its placeholders
 // replaced. Payloads are immutable and safe for concurrent use.
 type Payloads struct {
-	lines [][]byte
-	tmpl  *Template
-	desc  string // for the report
+	lines   [][]byte
+	lineNos []int // each line's number in the sample, from 1
+	tmpl    *Template
+	desc    string // for the report
 }
 
 // String describes the payloads: a sample of N lines, or a template,
 // with the file LoadPayloads read.
 func (p *Payloads) String() string { return p.desc }
 
+// SampleLineMax is the largest sample line, in bytes: an event's record
+// (the line, its id header and key) must fit in the Kafka producer's
+// batch (1 MB by default) and under a broker's default message.max.bytes
+// (1 MiB).
+const SampleLineMax = 900000
+
+// utf8BOM is the byte order mark some editors put at a file's start.
+var utf8BOM = []byte("\xEF\xBB\xBF")
+
 // ParseSample reads a sample of JSON lines: each non-blank line one JSON
-// value, used in turn (cycled) for the events' payloads. A line that is
-// not JSON is an error naming it; a sample without a line is an error.
+// value, used in turn (cycled) for the events' payloads. A UTF-8 byte
+// order mark at its start is skipped. A line that is not JSON, or longer
+// than SampleLineMax, is an error naming it; a sample without a line is
+// an error.
 func ParseSample(src []byte) (*Payloads, error) {
 	p := &Payloads{}
-	sc := bufio.NewScanner(bytes.NewReader(src))
-	sc.Buffer(nil, 16<<20)
+	sc := bufio.NewScanner(bytes.NewReader(bytes.TrimPrefix(src, utf8BOM)))
+	sc.Buffer(nil, max(len(src)+1, 64*1024)) // the whole file at most: a line's length is checked below
 	for n := 1; sc.Scan(); n++ {
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
 			continue
 		}
+		if len(line) > SampleLineMax {
+			return nil, fmt.Errorf("sample line %d is %d bytes: at most %d bytes, so that its record fits in a Kafka producer's batch (1 MB)", n, len(line), SampleLineMax)
+		}
 		if err := json.Unmarshal(line, new(any)); err != nil {
 			return nil, fmt.Errorf("sample line %d is not JSON: %w", n, err)
 		}
 		p.lines = append(p.lines, bytes.Clone(line))
+		p.lineNos = append(p.lineNos, n)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read sample: %w", err)
@@ -52,6 +68,15 @@ func ParseSample(src []byte) (*Payloads, error) {
 	}
 	p.desc = fmt.Sprintf("a sample of %d lines", len(p.lines))
 	return p, nil
+}
+
+// origin says where event i's payload (the i-th of a generated stream,
+// from 0) comes from: its sample line, or the template's event number.
+func (p *Payloads) origin(i int) string {
+	if len(p.lines) == 0 {
+		return fmt.Sprintf("the template's event %d", i+1)
+	}
+	return fmt.Sprintf("sample line %d", p.lineNos[i%len(p.lines)])
 }
 
 // FromTemplate returns the payloads of t.
@@ -65,7 +90,7 @@ func LoadPayloads(path string, template bool) (*Payloads, error) {
 		return nil, err
 	}
 	if template {
-		t, err := ParseTemplate(b)
+		t, err := ParseTemplate(bytes.TrimPrefix(b, utf8BOM))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}

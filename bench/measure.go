@@ -36,25 +36,55 @@ const recoveryShare = 0.9
 const recoveryWindow = 0.5
 
 // recovery measures, for each change, the time until the applied rate
-// over the last recoveryWindow is back to recoveryShare of the rate of
-// the two seconds before the change, and sets the change's RecoveryMs. A
-// change after which the rate never gets back (the end of the stream
-// came first), or before which nothing was applied, is left out of the
-// median and the maximum it returns (0, 0 when none is measured).
-func recovery(series []Sample, changes []Change) (median, maxMs float64) {
+// over the last recoveryWindow is back to recoveryShare of the rate
+// before the change, and sets the change's RecoveryMs. The rate before
+// is the greater of the rate over the two seconds before the change
+// (when the series has a second before it at least) and the run's
+// median rate up to it (over the samples' intervals since the first
+// pair applied, two intervals at least): a change whose two seconds
+// before were a stall is measured against the run's rate, not the
+// stall's, and one in the run's first seconds against the rate so far.
+// A change is not measured (RecoveryMs 0) when there is no rate before
+// it (nothing applied for half a second yet) or when the stream ended
+// before the rate came back; median and maxMs are over the measured
+// changes, of which there are measured (0, 0, 0 for none).
+func recovery(series []Sample, changes []Change) (median, maxMs float64, measured int) {
 	var rs []float64
 	for ci := range changes {
 		c := &changes[ci]
-		if ms, ok := backAtRate(series, c.Seconds, applied); ok {
+		c.RecoveryMs = 0
+		if ms, ok := backAtRate(series, c.Seconds, applied, medianRate(series, c.Seconds, applied)); ok {
 			c.RecoveryMs = ms
 			rs = append(rs, ms)
 		}
 	}
 	if len(rs) == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	slices.Sort(rs)
-	return rs[len(rs)/2], rs[len(rs)-1]
+	return rs[(len(rs)-1)/2], rs[len(rs)-1], len(rs)
+}
+
+// medianRate is the median (the lower middle) of value's rates over the
+// intervals between the series' samples up to at, from the first
+// interval in which value moved; 0 when there are fewer than two.
+func medianRate(series []Sample, at float64, value func(Sample) int64) float64 {
+	var rates []float64
+	started := false
+	for i := 1; i < len(series) && series[i].Seconds <= at; i++ {
+		dv, dt := value(series[i])-value(series[i-1]), series[i].Seconds-series[i-1].Seconds
+		if dv > 0 {
+			started = true
+		}
+		if started && dt > 0 {
+			rates = append(rates, float64(dv)/dt)
+		}
+	}
+	if len(rates) < 2 {
+		return 0
+	}
+	slices.Sort(rates)
+	return rates[(len(rates)-1)/2]
 }
 
 func applied(s Sample) int64   { return s.Applied }
@@ -62,12 +92,14 @@ func committed(s Sample) int64 { return s.Committed }
 
 // backAtRate is the time, in milliseconds, from at until the rate of
 // value over recoveryWindow, a window wholly after at, is back to
-// recoveryShare of its rate over the two seconds up to at; false when it
-// never is before the series ends, or nothing moved before at. The
-// windows after at measure from samples taken at or after it only, so a
-// value that starts again from zero at at (the replay's second group's
-// committed records) is measured from its own start.
-func backAtRate(series []Sample, at float64, value func(Sample) int64) (float64, bool) {
+// recoveryShare of its rate before at: the greater of its rate over the
+// two seconds up to at (when the series has a second before at at least)
+// and floor. It is false when it never is before the series ends, or
+// when the rate before is 0. The windows after at measure from samples
+// taken at or after it only, so a value that starts again from zero at
+// at (the replay's second group's committed records) is measured from
+// its own start.
+func backAtRate(series []Sample, at float64, value func(Sample) int64, floor float64) (float64, bool) {
 	// rate is value's rate over the samples in (t-d, t] ending at i,
 	// from a sample taken at from or later.
 	rate := func(i int, d, from float64) (float64, bool) {
@@ -93,7 +125,11 @@ func backAtRate(series []Sample, at float64, value func(Sample) int64) (float64,
 		return 0, false
 	}
 	before, ok := rate(last, 2, math.Inf(-1))
-	if !ok || before <= 0 {
+	if !ok { // under a second of series before at: floor alone
+		before = 0
+	}
+	before = max(before, floor)
+	if before <= 0 {
 		return 0, false
 	}
 	for i := after; i < len(series); i++ {

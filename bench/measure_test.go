@@ -35,18 +35,18 @@ func TestRecovery(t *testing.T) {
 		series = append(series, Sample{Seconds: s, Applied: applied})
 	}
 	changes := []Change{{Seconds: 3, What: "kill"}, {Seconds: 9.9, What: "join"}}
-	med, mx := recovery(series, changes)
+	med, mx, n := recovery(series, changes)
 	if changes[0].RecoveryMs < 1000 || changes[0].RecoveryMs > 1750 {
 		t.Errorf("recovery %v ms after a change at 3 s with nothing applied until 4 s, want 1000–1750", changes[0].RecoveryMs)
 	}
 	if changes[1].RecoveryMs != 0 {
 		t.Errorf("a change 0.1 s before the end recovered in %v ms, want none measured", changes[1].RecoveryMs)
 	}
-	if med != changes[0].RecoveryMs || mx != changes[0].RecoveryMs {
-		t.Errorf("median %v, max %v; want the one measured, %v", med, mx, changes[0].RecoveryMs)
+	if med != changes[0].RecoveryMs || mx != changes[0].RecoveryMs || n != 1 {
+		t.Errorf("median %v, max %v, %d measured; want the one measured, %v", med, mx, n, changes[0].RecoveryMs)
 	}
-	if med, mx := recovery(series[:1], []Change{{Seconds: 0, What: "join"}}); med != 0 || mx != 0 {
-		t.Errorf("nothing to measure: %v / %v, want 0", med, mx)
+	if med, mx, n := recovery(series[:1], []Change{{Seconds: 0, What: "join"}}); med != 0 || mx != 0 || n != 0 {
+		t.Errorf("nothing to measure: %v / %v, %d measured; want none", med, mx, n)
 	}
 }
 
@@ -68,13 +68,13 @@ func TestReplayBackAtRate(t *testing.T) {
 		c += 300
 		add(3.55+float64(i)/4, c)
 	}
-	ms, ok := backAtRate(series, at, committed)
+	ms, ok := backAtRate(series, at, committed, 0)
 	// At 1200/s from 3.55 s, the first half second back at 900/s is
 	// 3.55–4.05 s: 4.05 − 3.04 s.
 	if !ok || ms < 1000 || ms > 1020 {
 		t.Errorf("back at rate after %v ms (%v), want 1010", ms, ok)
 	}
-	if _, ok := backAtRate(series[:15], at, committed); ok {
+	if _, ok := backAtRate(series[:15], at, committed, 0); ok {
 		t.Errorf("measured a recovery the series does not reach")
 	}
 	// A run's summary: the median over the rounds, and the storm's
@@ -85,7 +85,7 @@ func TestReplayBackAtRate(t *testing.T) {
 		res.Runs = append(res.Runs,
 			RunResult{Round: i + 1, Scenario: Steady, GroupProtocol: "consumer", EventsPerSec: 100 * float64(i+1)},
 			RunResult{Round: i + 1, Scenario: Replay, GroupProtocol: "consumer", EventsPerSec: 95 * float64(i+1), BackAtRateMs: &back[i]},
-			RunResult{Round: i + 1, Scenario: Storm, GroupProtocol: "consumer", EventsPerSec: 90 * float64(i+1), RecoveryMedianMs: b, Changes: []Change{
+			RunResult{Round: i + 1, Scenario: Storm, GroupProtocol: "consumer", EventsPerSec: 90 * float64(i+1), RecoveryMedianMs: b, RecoveryMeasured: 2, Changes: []Change{
 				{What: "join", RecoveryMs: b}, {What: "kill", RecoveryMs: 3 * b}, {What: "leave"}}})
 	}
 	ps := summarizeProtocols(res, []processor.GroupProtocol{"consumer"})
@@ -184,7 +184,7 @@ func TestValidateMeasures(t *testing.T) {
 	c := Config{Pool: nil, Topic: "t", StormChanges: -1, GroupProtocols: []processor.GroupProtocol{"classic", "eager", "classic"},
 		InstanceID: true, CPUProfile: &bytes.Buffer{}, CPUProfileOf: "replay", Scenarios: []string{Steady}}
 	err := c.Validate()
-	for _, w := range []string{"StormChanges -1", `group protocol "eager"`, `group protocol "classic" listed twice`, `CPUProfileOf "replay": not among the scenarios run`} {
+	for _, w := range []string{"StormChanges -1", `GroupProtocols "eager": classic or consumer`, `GroupProtocols "classic": listed twice`, `CPUProfileOf "replay": not among the scenarios run`} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("Validate: %v; want %q", err, w)
 		}
@@ -256,7 +256,7 @@ func TestRunFormats(t *testing.T) {
 		t.Errorf("format ratios %+v", res.Formats)
 	}
 	if err := (Config{Topic: "t", Brokers: []string{"b:9092"}, Formats: []Format{{Name: "xml"}}}).Validate(); err == nil ||
-		!strings.Contains(err.Error(), `format "xml": avro or protobuf`) || !strings.Contains(err.Error(), "Formats with Brokers") {
+		!strings.Contains(err.Error(), `Formats "xml": avro or protobuf`) || !strings.Contains(err.Error(), "Formats with Brokers") {
 		t.Errorf("bad formats: %v", err)
 	}
 }

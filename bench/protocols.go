@@ -29,10 +29,12 @@ type ProtocolSummary struct {
 	// StormChanges counts the median storm's changes by kind.
 	StormChanges map[string]int `json:"storm_changes,omitempty"`
 	StormShort   bool           `json:"storm_short,omitempty"`
-	// StormRecoveryMs is the median over the rounds of each storm's
+	// StormRecoveryMs is the median over the rounds that measured a
+	// recovery (StormRecoveryRounds of them; 0 for none) of each storm's
 	// median recovery after a change; StormNoOwner and ReplayNoOwner the
 	// median runs' waits with no owner.
-	StormRecoveryMs float64 `json:"storm_recovery_median_ms,omitempty"`
+	StormRecoveryMs     float64 `json:"storm_recovery_median_ms,omitempty"`
+	StormRecoveryRounds int     `json:"storm_recovery_rounds,omitempty"`
 	// StormRecoveryByKind is, for each kind of change, the median
 	// recovery over every round's changes of that kind (those measured).
 	StormRecoveryByKind map[string]float64 `json:"storm_recovery_by_kind_ms,omitempty"`
@@ -104,14 +106,16 @@ func summarizeProtocols(res *Results, protocols []processor.GroupProtocol) []Pro
 			var rec []float64
 			byKind := map[string][]float64{}
 			for _, r := range rs {
-				rec = append(rec, r.RecoveryMedianMs)
+				if r.RecoveryMeasured > 0 {
+					rec = append(rec, r.RecoveryMedianMs)
+				}
 				for _, c := range r.Changes {
 					if c.RecoveryMs > 0 {
 						byKind[c.What] = append(byKind[c.What], c.RecoveryMs)
 					}
 				}
 			}
-			s.StormRecoveryMs = median(rec)
+			s.StormRecoveryMs, s.StormRecoveryRounds = median(rec), len(rec)
 			s.StormRecoveryByKind = map[string]float64{}
 			for k, v := range byKind {
 				s.StormRecoveryByKind[k] = median(v)
@@ -174,7 +178,7 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 		}
 		changes := strings.Join(kinds, ", ")
 		if s.StormShort {
-			changes += " (**the stream ran out first**)"
+			changes = orDash(changes) + " (**fewer than planned: the stream ended first**; raise --events)"
 		}
 		static := "–"
 		if s.StaticMoved != nil {
@@ -188,7 +192,10 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 					by = append(by, fmt.Sprintf("%s %.0f", k, v))
 				}
 			}
-			rec := fmt.Sprintf("%.0f", s.StormRecoveryMs)
+			rec := "– (none measured)"
+			if s.StormRecoveryRounds > 0 {
+				rec = fmt.Sprintf("%.0f", s.StormRecoveryMs)
+			}
 			if len(by) > 0 {
 				rec += " (" + strings.Join(by, ", ") + ")"
 			}
@@ -205,8 +212,8 @@ func writeProtocols(b *strings.Builder, ps []ProtocolSummary) {
 		fmt.Fprintf(b, "| %s | %.0f | %s | %s | %s |\n", s.Protocol, s.Steady, storm, replay, static)
 	}
 	b.WriteString("\nRates and ratios are of each scenario's median round; the paired ratios are each round's run over that round's steady run " +
-		"(the median, then each round's), where a machine's drift between rounds cancels; storm recovery times are medians over the rounds " +
-		"(by change: the median over every round's changes of that kind), the replay's time back at 90 % of its records rate " +
+		"(the median, then each round's), where a machine's drift between rounds cancels; storm recovery times are medians " +
+		"over the rounds that measured one (by change: the median over every round's changes of that kind, those measured), the replay's time back at 90 % of its records rate " +
 		"(from the re-reading group's start) the median over the rounds; none is measured where the first group read for under two seconds, " +
 		"or the rate came back only after the stream's end. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms); " +

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -26,10 +28,19 @@ func (res *Results) WriteTable(w io.Writer) error {
 }
 
 // PriceLine is the price of exactly-once in one line: 1 − steady /
-// effects-only.
+// effects-only; with several group protocols, each one's.
 func (res *Results) PriceLine() string {
 	if !res.HasPrice {
 		return "price of exactly-once: not measured (it needs steady and effects-only)"
+	}
+	if len(res.PriceByProtocol) > 1 {
+		var ps []string
+		for _, p := range res.Settings.GroupProtocols {
+			if v, ok := res.PriceByProtocol[p]; ok {
+				ps = append(ps, fmt.Sprintf("%.1f %% (%s)", 100*v, p))
+			}
+		}
+		return "price of exactly-once: 1 − steady/effects-only = " + strings.Join(ps, ", ")
 	}
 	return fmt.Sprintf("price of exactly-once: 1 − steady/effects-only = %.1f %%", 100*res.Price)
 }
@@ -58,8 +69,10 @@ func rounds(rs []float64) string {
 
 // WriteFiles writes results.json, results.md and a plot per scenario run
 // (throughput-<scenario>-r<round>.png: records committed per second over
-// time, the membership changes marked) into dir, created if missing.
-// command is the command line, quoted in results.md.
+// time, the membership changes marked) into dir, created if missing; the
+// plots of an earlier run there that this one does not make are removed,
+// so that dir shows one run. command is the command line, quoted in
+// results.md.
 func (res *Results) WriteFiles(dir, command string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -67,6 +80,17 @@ func (res *Results) WriteFiles(dir, command string) error {
 	plots, err := res.writePlots(dir)
 	if err != nil {
 		return err
+	}
+	old, err := filepath.Glob(filepath.Join(dir, "throughput-*.png"))
+	if err != nil {
+		return err
+	}
+	for _, f := range old {
+		if !slices.Contains(plots, filepath.Base(f)) {
+			if err := os.Remove(f); err != nil {
+				return fmt.Errorf("remove an earlier run's plot: %w", err)
+			}
+		}
 	}
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
@@ -113,7 +137,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 		"raw-copy: the same plus the dedup rows (processed_events) by COPY. " +
 		"Every run is checked from its tables: each unique event claimed once per handler, no dead letter, " +
 		"and the written tables as effects-only left them.\n")
-	md.WriteString("\n| run | round | events/s | seconds | batch p50 / p99 ms | changes | recovery median / max ms | waits with no owner (n, median / max ms) | checkpoints | peak RSS MiB |\n" +
+	md.WriteString("\n| run | round | events/s | seconds | batch p50 / p99 ms | changes | recovery median / max ms (n of m measured) | waits with no owner (n, median / max ms) | checkpoints | peak RSS MiB |\n" +
 		"|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n")
 	for _, r := range res.Runs {
 		lat, rec, wait := "–", "–", "–"
@@ -122,8 +146,11 @@ func (res *Results) WriteFiles(dir, command string) error {
 			wait = noOwner(r.NoOwner)
 		}
 		switch {
+		case r.Scenario == Storm && len(r.Changes) == 0: // none made: "changes" says why
+		case r.Scenario == Storm && r.RecoveryMeasured == 0:
+			rec = fmt.Sprintf("– (0 of %d measured)", len(r.Changes))
 		case r.Scenario == Storm:
-			rec = fmt.Sprintf("%.0f / %.0f", r.RecoveryMedianMs, r.RecoveryMaxMs)
+			rec = fmt.Sprintf("%.0f / %.0f (%d of %d measured)", r.RecoveryMedianMs, r.RecoveryMaxMs, r.RecoveryMeasured, len(r.Changes))
 		case r.BackAtRateMs != nil:
 			rec = fmt.Sprintf("%.0f (records rate)", *r.BackAtRateMs)
 		}
@@ -131,7 +158,10 @@ func (res *Results) WriteFiles(dir, command string) error {
 			changeKinds(r), rec, wait, checkpointsCell(r, st.Checkpoint), r.PeakRSSMiB)
 	}
 	md.WriteString("\nBatch latency: a committed batch's, from its closing to its COMMIT. Recovery: after each membership change, the time until the applied rate " +
-		"over half a second is back at 90 % of its rate over the two seconds before (changes after which the stream ended first are left out); " +
+		"over half a second is back at 90 % of its rate before the change: the greater of its rate over the two seconds before and the run's median rate " +
+		"(over the 250 ms samples since the first pair applied) up to the change, so that a change after a stall is not measured against the stall. " +
+		"A change is not measured when it came before the run had a rate (before anything was applied for half a second) or when the stream ended " +
+		"before the rate came back; the median and the maximum are of the changes measured, \"–\" when none was. " +
 		"a replay's, the same of the records rate from the re-reading group's start, against the first group's last two seconds. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms). " +
 		"Checkpoints: those the server began during the run")
@@ -164,6 +194,12 @@ func (res *Results) WriteFiles(dir, command string) error {
 	for _, p := range plots {
 		fmt.Fprintf(&md, "\n![%s](%s)\n", p, p)
 	}
+	if checks := tableChecks(res.Runs); checks != "" {
+		md.WriteString("\nTables checked against effects-only: " + checks + ". " +
+			"digest: the same rows (their count and a digest of every column without a default); " +
+			"sums: rows that differ by the delivery applied (a counter per partition), with the same sums of the numeric columns " +
+			"and the same distinct values in every other column. A column whose values change between runs (now(), random()) fails both.\n")
+	}
 	for _, r := range res.Runs {
 		if len(r.Problems) > 0 {
 			fmt.Fprintf(&md, "\n%s round %d: NOT EXACTLY ONCE: %s\n", r.Name, r.Round, strings.Join(r.Problems, "; "))
@@ -172,10 +208,40 @@ func (res *Results) WriteFiles(dir, command string) error {
 	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644)
 }
 
+// tableChecks says, per table, how it passed the check in each run:
+// "payments by digest (every run); counters by sums (storm r1), by digest
+// (steady r1)".
+func tableChecks(runs []RunResult) string {
+	by := map[string]map[string][]string{} // table, check: runs
+	for _, r := range runs {
+		for t, how := range r.TableChecks {
+			if by[t] == nil {
+				by[t] = map[string][]string{}
+			}
+			by[t][how] = append(by[t][how], fmt.Sprintf("%s r%d", r.Name, r.Round))
+		}
+	}
+	var out []string
+	for _, t := range slices.Sorted(maps.Keys(by)) {
+		hows := slices.Sorted(maps.Keys(by[t]))
+		var parts []string
+		for _, h := range hows {
+			if len(hows) == 1 {
+				parts = append(parts, "by "+h+" (every run)")
+			} else {
+				parts = append(parts, "by "+h+" ("+strings.Join(by[t][h], ", ")+")")
+			}
+		}
+		out = append(out, t+" "+strings.Join(parts, ", "))
+	}
+	return strings.Join(out, "; ")
+}
+
 // changeKinds counts a scenario run's membership changes by kind, and
-// says when a storm's stream ran out before its last change.
+// says how many of a storm's planned changes were made when the stream
+// ended before the last.
 func changeKinds(r RunResult) string {
-	if len(r.Changes) == 0 {
+	if len(r.Changes) == 0 && !r.StormShort {
 		return "–"
 	}
 	n := map[string]int{}
@@ -190,7 +256,7 @@ func changeKinds(r RunResult) string {
 	}
 	out := strings.Join(kinds, ", ")
 	if r.StormShort {
-		out += fmt.Sprintf(" of %d planned (**the stream ran out first**: raise --events)", r.StormPlanned)
+		out = orDash(out) + fmt.Sprintf(" (**%d of %d changes made before the stream ended**: raise --events)", len(r.Changes), r.StormPlanned)
 	}
 	if r.StaticMoved != nil {
 		out += fmt.Sprintf("; static: %d of %d partitions moved", *r.StaticMoved, r.StaticHeld)
@@ -215,7 +281,8 @@ func orNone(s []string) string {
 	return strings.Join(s, ", ")
 }
 
-// ReadResults reads a results.json.
+// ReadResults reads a results.json that WriteFiles wrote; a JSON file
+// with no summary of runs is refused as not one.
 func ReadResults(path string) (*Results, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -223,7 +290,10 @@ func ReadResults(path string) (*Results, error) {
 	}
 	var r Results
 	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("%s: not a results.json: %w", path, err)
+		return nil, fmt.Errorf("%s: not a results.json of onceflow bench: %w", path, err)
+	}
+	if len(r.Summary) == 0 {
+		return nil, fmt.Errorf("%s: not a results.json of onceflow bench (no summary of runs)", path)
 	}
 	return &r, nil
 }
@@ -277,6 +347,7 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("duplicates", a.Duplicates, b.Duplicates)
 	add("partitions", a.Partitions, b.Partitions)
 	add("members", a.Members, b.Members)
+	add("rounds", a.Rounds, b.Rounds)
 	add("batch_max_records", a.BatchMax, b.BatchMax)
 	add("pool", a.PoolSize, b.PoolSize)
 	add("kafka", a.Kafka, b.Kafka)

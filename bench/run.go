@@ -64,8 +64,9 @@ type Config struct {
 	Brokers      []string
 	KafkaOptions []kgo.Opt
 	// Topic is the topic the stream stands for (required): the embedded
-	// cluster's topic is so named, and the handlers see it as events'
-	// topic; with Brokers, the topic is Topic-bench-<random>.
+	// cluster's topic is so named; with Brokers, the topic is
+	// Topic-bench-<random>, and the handlers still see Topic as their
+	// events' topic (events.topic, Event.Topic, TopicFilter.Consumes).
 	Topic string
 
 	Payloads   *Payloads // required
@@ -79,15 +80,21 @@ type Config struct {
 	// member joins, the oldest leaves, and every third change kills the
 	// oldest (as a SIGKILL would: it never leaves the group, and its
 	// partitions wait for the session timeout) and starts a replacement.
-	// A storm is its changes, not its events: with StormEvery 0 they are
-	// spread over the stream, change k once k/(StormChanges+1) of its
-	// records are committed, so that every one is made whatever the rate.
+	// With StormEvery 0 they are spread over the stream: change k once
+	// k/(StormChanges+1) of its records are committed, and never sooner
+	// than half a second (two of the run's 250 ms samples) after change
+	// k-1 returned, so that changes do not bunch where a sample sees
+	// several shares at once. No change is made once the stream has
+	// been consumed (the group's stored offsets, read just before it):
+	// the changes left are not made, and the run says so
+	// (RunResult.StormShort; "N of M changes made before the stream
+	// ended"). A stream too short for its changes needs more Events.
 	// Default 12.
 	StormChanges int
 	// StormEvery, when set, paces the storm by time instead: a change
 	// every StormEvery from the group's first commit on (a change due
-	// while another runs starts when that one returns); a stream
-	// consumed before the last change is said (RunResult.StormShort).
+	// while another runs starts when that one returns), the same way
+	// never after the stream has been consumed.
 	StormEvery time.Duration
 	// GroupProtocols: the scenarios run under each of these group
 	// protocols in turn, round by round, side by side in one Results
@@ -175,109 +182,151 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate returns every problem with c (after defaults), each naming
-// its field.
+// ConfigError is one problem of a Config: Field is the Config field's
+// name (Duplicates, StormEvery...), Value its value as given, Problem
+// what is wrong with it (with no Value, a sentence naming the field).
+// `onceflow bench` says Field by its flag (--duplicates 5: a share from
+// 0 to 1).
+type ConfigError struct {
+	Field   string
+	Value   string
+	Problem string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Value == "" { // the Problem names the field
+		return "bench: " + e.Problem
+	}
+	return "bench: " + e.Field + " " + e.Value + ": " + e.Problem
+}
+
+// Problems are the problems err joins (errors.Join, as Validate returns
+// them), each alone; err itself when it joins none; nil for nil.
+func Problems(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, Problems(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// Validate returns every problem with c (after defaults) at once, joined
+// (Problems splits them), each a *ConfigError naming its field.
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var ps []error
-	bad := func(format string, a ...any) { ps = append(ps, fmt.Errorf("bench: "+format, a...)) }
+	bad := func(field string, value any, format string, a ...any) {
+		v := ""
+		if value != nil {
+			v = fmt.Sprint(value)
+		}
+		ps = append(ps, &ConfigError{Field: field, Value: v, Problem: fmt.Sprintf(format, a...)})
+	}
 	if c.Pool == nil {
-		bad("no Pool")
+		bad("Pool", nil, "no Pool: the user's database is required")
 	}
 	if c.Handlers == nil {
-		bad("no Handlers")
+		bad("Handlers", nil, "no Handlers")
 	}
 	if c.Payloads == nil {
-		bad("no Payloads: a sample or a template")
+		bad("Payloads", nil, "no Payloads: a sample or a template")
 	}
 	if c.Topic == "" {
-		bad("no Topic")
+		bad("Topic", nil, "no Topic: the topic the stream stands for")
 	}
 	if c.Events < 1 {
-		bad("Events %d: at least 1", c.Events)
+		bad("Events", c.Events, "at least 1")
 	}
 	if c.Duplicates < 0 || c.Duplicates > 1 {
-		bad("Duplicates %g: a share from 0 to 1", c.Duplicates)
+		bad("Duplicates", c.Duplicates, "a share from 0 to 1")
 	}
 	if c.Partitions < 1 {
-		bad("Partitions %d: at least 1", c.Partitions)
+		bad("Partitions", c.Partitions, "at least 1")
 	}
 	if c.Members < 1 {
-		bad("Members %d: at least 1", c.Members)
+		bad("Members", c.Members, "at least 1")
 	}
 	if c.Rounds < 1 {
-		bad("Rounds %d: at least 1", c.Rounds)
+		bad("Rounds", c.Rounds, "at least 1")
 	}
 	if c.PoolSize < 1 {
-		bad("PoolSize %d: at least 1", c.PoolSize)
+		bad("PoolSize", c.PoolSize, "at least 1")
 	}
 	if c.StormChanges < 1 {
-		bad("StormChanges %d: at least 1", c.StormChanges)
+		bad("StormChanges", c.StormChanges, "at least 1")
 	}
 	if c.StormEvery < 0 {
-		bad("StormEvery %v: not negative", c.StormEvery)
+		bad("StormEvery", c.StormEvery, "not negative")
 	}
 	for i, p := range c.GroupProtocols {
 		if p != processor.ClassicProtocol && p != processor.ConsumerProtocol {
-			bad("group protocol %q: %s or %s", p, processor.ClassicProtocol, processor.ConsumerProtocol)
+			bad("GroupProtocols", fmt.Sprintf("%q", p), "%s or %s", processor.ClassicProtocol, processor.ConsumerProtocol)
 		} else if slices.Contains(c.GroupProtocols[:i], p) {
-			bad("group protocol %q listed twice", p)
+			bad("GroupProtocols", fmt.Sprintf("%q", p), "listed twice")
 		}
 	}
 	if c.InstanceID && len(c.Brokers) == 0 && slices.Contains(c.GroupProtocols, processor.ConsumerProtocol) && slices.Contains(c.Scenarios, Storm) {
 		// kfake stops a static member's session timer when it leaves for
 		// now (epoch -2): its partitions stay reserved for it forever, and
 		// a storm whose static member left never ends. Kafka expires it.
-		bad("InstanceID with the consumer group protocol needs a real Kafka (Brokers): " +
+		bad("InstanceID", nil, "InstanceID with the consumer group protocol needs a real Kafka (Brokers): "+
 			"the embedded kfake never expires a static member that left, and the storm would wait for its partitions forever")
 	}
 	for i, f := range c.Formats {
 		switch {
 		case f.Name != processor.FormatAvro && f.Name != processor.FormatProtobuf:
-			bad("format %q: avro or protobuf (JSON's runs are always made)", f.Name)
+			bad("Formats", fmt.Sprintf("%q", f.Name), "avro or protobuf (JSON's runs are always made)")
 		case f.Encoder == nil || f.Decoder == nil:
-			bad("format %s: an Encoder and a Decoder are required", f.Name)
+			bad("Formats", f.Name, "an Encoder and a Decoder are required")
 		case slices.ContainsFunc(c.Formats[:i], func(g Format) bool { return g.Name == f.Name }):
-			bad("format %s listed twice", f.Name)
+			bad("Formats", f.Name, "listed twice")
 		}
 	}
 	if len(c.Formats) > 0 {
 		if len(c.Brokers) > 0 {
-			bad("Formats with Brokers: the formats' streams run on the embedded kfake only")
+			bad("Formats", nil, "Formats with Brokers: the formats' streams run on the embedded kfake only")
 		}
 		if len(c.GroupProtocols) > 1 {
-			bad("Formats with several GroupProtocols: compare formats under one protocol, or protocols in one format")
+			bad("Formats", nil, "Formats with several GroupProtocols: compare formats under one protocol, or protocols in one format")
 		}
 		if d := c.Consumer.Decode.Format; d != "" && d != processor.FormatJSON {
-			bad("Formats with decode.format %s: the formats are compared with JSON's runs", d)
+			bad("Formats", nil, "Formats with decode.format %s: the formats are compared with JSON's runs", d)
 		}
 	}
-	if of := c.CPUProfileOf; c.CPUProfile != nil && !slices.Contains([]string{Steady, Storm, Replay, EffectsOnly, RawCopy}, of) {
-		bad("CPUProfileOf %q: a scenario (steady, storm, replay) or a baseline (effects-only, raw-copy)", of)
+	// The profiled run's name is checked whether or not a profile is
+	// asked for: a misspelt one is a mistake either way.
+	if of := c.CPUProfileOf; !slices.Contains([]string{Steady, Storm, Replay, EffectsOnly, RawCopy}, of) {
+		bad("CPUProfileOf", fmt.Sprintf("%q", of), "a scenario (steady, storm, replay) or a baseline (effects-only, raw-copy)")
 	} else if c.CPUProfile != nil && of != EffectsOnly && of != RawCopy && !slices.Contains(c.Scenarios, of) {
-		bad("CPUProfileOf %q: not among the scenarios run (%s)", of, strings.Join(c.Scenarios, ", "))
+		bad("CPUProfileOf", fmt.Sprintf("%q", of), "not among the scenarios run (%s)", strings.Join(c.Scenarios, ", "))
 	} else if c.CPUProfile != nil && of == RawCopy && c.NoRawCopy {
-		bad("CPUProfileOf raw-copy with NoRawCopy: nothing to profile")
+		bad("CPUProfileOf", "raw-copy", "with NoRawCopy: nothing to profile")
 	}
 	for i, s := range c.Scenarios {
 		if !slices.Contains([]string{Steady, Storm, Replay}, s) {
-			bad("unknown scenario %q (steady, storm, replay)", s)
+			bad("Scenarios", fmt.Sprintf("%q", s), "unknown scenario %q (steady, storm, replay)", s)
 		}
 		if slices.Contains(c.Scenarios[:i], s) {
-			bad("scenario %q listed twice (Rounds repeats runs)", s)
+			bad("Scenarios", fmt.Sprintf("%q", s), "scenario %q listed twice (Rounds repeats runs)", s)
 		}
 	}
 	if !validSchemaPrefix(c.Schema) {
-		bad("Schema %q: lower-case letters, digits and _ only, starting with a letter, at most 30", c.Schema)
+		bad("Schema", fmt.Sprintf("%q", c.Schema), "lower-case letters, digits and _ only, starting with a letter, at most 30")
 	}
 	d := c.Consumer.Decode
 	switch {
 	case d.Format != "" && d.Format != processor.FormatJSON && d.Format != processor.FormatBytes:
-		bad("decode.format %s: bench generates JSON payloads (json or bytes)", d.Format)
+		bad("Consumer.Decode.Format", d.Format, "bench generates JSON payloads (json or bytes)")
 	case d.IDSource == processor.IDFromOffset:
-		bad("decode.event_id_source offset: a redelivery at another offset would be another event; bench needs ids it can redeliver (header, field or key)")
+		bad("Consumer.Decode.IDSource", "offset", "a redelivery at another offset would be another event; bench needs ids it can redeliver (header, field or key)")
 	case (d.IDSource == processor.IDFromField || (d.IDSource == "" && d.IDField != "")) && d.Format == processor.FormatBytes:
-		bad("decode.event_id_source field needs decode.format json")
+		bad("Consumer.Decode.IDSource", "field", "needs decode.format json")
 	}
 	return errors.Join(ps...)
 }

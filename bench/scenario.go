@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -17,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/internal/members"
 	"github.com/onceflow/onceflow/pipeline"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
 )
 
 // kafkaTopic is where the stream is: an embedded cluster, or a topic of
@@ -177,6 +180,9 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 		if err != nil {
 			return nil, err
 		}
+		if g.kafka.topic != b.cfg.Topic {
+			hs = topicAs(hs, b.cfg.Topic)
+		}
 		cc := members.Tuned(b.cfg.Consumer)
 		cc.ClientID, cc.GroupProtocol, cc.InstanceID = name, g.protocol, ""
 		if g.static {
@@ -213,6 +219,48 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 	}
 }
 
+// topicAs wraps hs so that they see the events of bench's own topic on
+// real brokers (Config.Brokers: Topic-bench-<random>) as Topic's, as
+// they do on the embedded cluster, whose topic is Topic: a handler's
+// events.topic and Event.Topic are Topic, and a handler that filters
+// topics (sink.TopicFilter) is asked about Topic. The Writer's own rows
+// (dead letters, offsets) keep the real topic.
+func topicAs(hs []sink.Handler, topic string) []sink.Handler {
+	out := make([]sink.Handler, len(hs))
+	for i, h := range hs {
+		a := asTopic{Handler: h, topic: topic}
+		if f, ok := h.(sink.TopicFilter); ok {
+			out[i] = filteredAsTopic{a, f}
+		} else {
+			out[i] = a
+		}
+	}
+	return out
+}
+
+// asTopic is a handler applying its events as of topic.
+type asTopic struct {
+	sink.Handler
+	topic string
+}
+
+func (h asTopic) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	evs := slices.Clone(events)
+	for i := range evs {
+		evs[i].Topic = h.topic
+	}
+	return h.Handler.Apply(ctx, tx, evs)
+}
+
+// filteredAsTopic is asTopic of a handler that filters topics: it
+// consumes any topic as it consumes topic.
+type filteredAsTopic struct {
+	asTopic
+	f sink.TopicFilter
+}
+
+func (h filteredAsTopic) Consumes(string) bool { return h.f.Consumes(h.topic) }
+
 // Sample is one sample of a scenario run's progress, every 250 ms.
 type Sample struct {
 	Seconds   float64 `json:"s"`
@@ -234,7 +282,8 @@ type Change struct {
 	// its replacement to start.
 	Took float64 `json:"took_s,omitempty"`
 	// RecoveryMs is the time until the rate recovered (see recovery); 0
-	// when it did not before the stream ended.
+	// when not measured: no rate before the change (nothing applied for
+	// half a second yet), or the stream ended first.
 	RecoveryMs float64 `json:"recovery_ms,omitempty"`
 	// Held and Moved (restart): the partitions the member ran when it was
 	// killed, and how many of them another member ran before the restart
@@ -242,6 +291,16 @@ type Change struct {
 	Held  int  `json:"held,omitempty"`
 	Moved *int `json:"moved,omitempty"`
 }
+
+// sampleEvery is the time between a scenario run's samples.
+const sampleEvery = 250 * time.Millisecond
+
+// stormSpacing is the least time from a storm's change returning to the
+// next one starting when the changes are spread over the stream (no
+// StormEvery): two samples, so that each change's effect shows in the
+// series before the next one's, and a fast stream's shares, seen at
+// once by one sample, do not fire several changes together.
+const stormSpacing = 2 * sampleEvery
 
 // stallAfter is how long a run may go without committing a record
 // before it is given up as stuck.
@@ -283,6 +342,71 @@ func stormChange(ctx context.Context, g *members.Group, n int, static bool, own 
 	return c, err
 }
 
+// storm makes g's storm on grp: Config.StormChanges membership changes
+// (stormChange), the first once first is closed (the group's first
+// commit), then, with Config.StormEvery, one a tick (a change due while
+// another runs starts when that one returns), else change k once k /
+// (StormChanges+1) of the records are committed and at least
+// stormSpacing after change k-1 returned. A change is never made once
+// the stream has been consumed (the group's stored offsets, read just
+// before it): the planned changes left are not made. Each change is
+// appended to g.r.Changes, counted in made; churning is true while one
+// runs. storm returns when stop is closed (after its last change, it
+// waits for it) or with a change's error.
+func (b *benchRun) storm(ctx context.Context, g *groupRun, grp *members.Group, first <-chan struct{},
+	committed, made *atomic.Int64, churning *atomic.Bool, stop <-chan struct{}) error {
+	select {
+	case <-first:
+	case <-stop:
+		return nil
+	}
+	var t *time.Ticker
+	if b.cfg.StormEvery > 0 {
+		t = time.NewTicker(b.cfg.StormEvery)
+		defer t.Stop()
+	}
+	var returned time.Time // the last change's return
+	for n := 1; n <= b.cfg.StormChanges; n++ {
+		// With StormEvery the first change is at the first commit.
+		if n > 1 || t == nil {
+			if !b.stormWait(t, committed, max(1, int64(n)*g.want/int64(b.cfg.StormChanges+1)), stop) {
+				return nil
+			}
+		}
+		if n > 1 && t == nil {
+			select {
+			case <-stop:
+				return nil
+			case <-time.After(time.Until(returned.Add(stormSpacing))):
+			}
+		}
+		at := time.Since(g.start).Seconds()
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		done, err := members.Committed(qctx, g.pool, g.schema, g.group)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("storm: %w", err)
+		}
+		if done >= g.want {
+			break // the stream is consumed: no change after it
+		}
+		churning.Store(true)
+		c, err := stormChange(ctx, grp, n, g.static, g.own, g.prefix)
+		churning.Store(false)
+		returned = time.Now()
+		c.Seconds = at
+		b.mu.Lock()
+		g.r.Changes = append(g.r.Changes, c)
+		b.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		made.Add(1)
+	}
+	<-stop
+	return nil
+}
+
 // stormWait waits for a storm's next change: t's next tick when the
 // storm is paced by time (t not nil), else until committed reaches at.
 // It returns false when stop is closed first.
@@ -309,14 +433,11 @@ func (b *benchRun) stormWait(t *time.Ticker, committed *atomic.Int64, at int64, 
 
 // consume runs a group of Config.Members members over g.schema until
 // they have committed g.want records (the group's stored offsets),
-// sampling into g.r.Series, and returns the records committed and when
-// the batch that completed them committed. With g.storm the group's
-// membership changes (stormChange) once the first record is committed,
-// then as Config.StormEvery says (spread over the stream, or by time),
-// StormChanges times at most, appended to g.r.Changes; the run has at
-// least one change (one that would come after the last record is waited
-// for), and g.r.StormShort says when the stream was consumed before the
-// last. Every member is stopped, and the
+// sampling into g.r.Series every sampleEvery, and returns the records
+// committed and when the batch that completed them committed. With
+// g.storm the group's membership changes as storm says, appended to
+// g.r.Changes, and g.r.StormShort says when the stream was consumed
+// before the last planned change. Every member is stopped, and the
 // storm's goroutine has returned, when consume returns. It returns with
 // an error when ctx ends or nothing is committed for stallAfter.
 func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, error) {
@@ -344,47 +465,7 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 	if g.storm {
 		r.StormPlanned = b.cfg.StormChanges
 		go func() {
-			var t *time.Ticker
-			for n := 1; ; n++ {
-				// The first change waits for the first commit; then a
-				// tick of StormEvery, or the stream's share.
-				if n == 1 || t == nil {
-					select {
-					case <-first:
-					case <-stopStorm:
-						stormDone <- nil
-						return
-					}
-				}
-				if n == 1 && b.cfg.StormEvery > 0 {
-					t = time.NewTicker(b.cfg.StormEvery)
-					defer t.Stop()
-				}
-				if n > 1 || t == nil {
-					if !b.stormWait(t, &committed, max(1, int64(n)*g.want/int64(b.cfg.StormChanges+1)), stopStorm) {
-						stormDone <- nil
-						return
-					}
-				}
-				at := time.Since(g.start).Seconds()
-				churning.Store(true)
-				c, err := stormChange(ctx, grp, n, g.static, g.own, g.prefix)
-				churning.Store(false)
-				c.Seconds = at
-				b.mu.Lock()
-				r.Changes = append(r.Changes, c)
-				b.mu.Unlock()
-				if err != nil {
-					stormDone <- err
-					return
-				}
-				made.Add(1)
-				if n >= b.cfg.StormChanges {
-					<-stopStorm
-					stormDone <- nil
-					return
-				}
-			}
+			stormDone <- b.storm(ctx, g, grp, first, &committed, &made, &churning, stopStorm)
 		}()
 	} else {
 		stormDone <- nil
@@ -399,7 +480,7 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 		return <-stormDone
 	}
 	defer func() { _ = stop() }()
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(sampleEvery)
 	defer tick.Stop()
 	last, lastAt := int64(-1), time.Now()
 	for {
@@ -423,15 +504,16 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 		r.Series = append(r.Series, Sample{Seconds: el.Seconds(), Committed: n, Applied: applied})
 		b.line.set("  %s: %d/%d records committed, %.0f events applied/s", g.label, n, g.want,
 			float64(applied)/float64(max(len(b.names), 1))/el.Seconds())
-		if n >= g.want && (!g.storm || made.Load() > 0) {
+		if n >= g.want {
 			end := time.Now()
 			if l := g.st.last.Load(); l > 0 {
 				end = time.Unix(0, l)
 			}
+			err := stop() // the storm has returned: made is final
 			if g.storm && made.Load() < int64(b.cfg.StormChanges) {
 				r.StormShort = true
 			}
-			return n, end, stop()
+			return n, end, err
 		}
 		if n != last {
 			last, lastAt = n, time.Now()

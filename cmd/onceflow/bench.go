@@ -65,10 +65,12 @@ stream through the pipeline run uses, in a consumer group of --members
 members, and measures unique events per second in each scenario:
 
   steady   the group keeps still
-  storm    --storm-changes membership changes, spread over the stream (or one
-           every --storm-every): a member joins, the oldest leaves, and every
-           third change the oldest is killed (as SIGKILL: its partitions wait
-           for the session timeout) and a replacement joins
+  storm    --storm-changes membership changes, spread over the stream, at
+           least 0.5 s apart (or one every --storm-every): a member joins, the
+           oldest leaves, and every third change the oldest is killed (as
+           SIGKILL: its partitions wait for the session timeout) and a
+           replacement joins; none is made once the stream is consumed, and
+           the report says how many were (raise --events for all)
   replay   half-way the group stops, and a group with no stored offsets reads
            the topic again from its start: what was applied must apply nothing
 
@@ -87,7 +89,8 @@ document whose strings may hold {{uuid}}, {{event_id}}, {{seq}},
 delivered again (same id and payload), a third of those on another partition.
 
 Your tables are never written: each run has a schema of its own
-(--schema_<run>_r<round>) holding empty clones of the tables the SQL handlers
+(<--bench-schema>_<random>_<run>_r<round>, e.g.
+onceflow_bench_1a2b3c4d_steady_r1) holding empty clones of the tables the SQL handlers
 write (CREATE TABLE … (LIKE … INCLUDING ALL)), first on the search_path of
 the benchmark's connections, with onceflow's tables and the Go handlers'.
 When a handler's writes cannot be redirected there (a schema-qualified
@@ -167,6 +170,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	case o.sample != "" && o.template != "":
 		ps = append(ps, errors.New("--sample and --template: give one"))
 	}
+	// 0 is a default to bench.Config, a value given here.
 	for _, f := range []struct {
 		name string
 		v    int
@@ -175,10 +179,16 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			ps = append(ps, fmt.Errorf("--%s %d: at least 1", f.name, f.v))
 		}
 	}
-	if o.compare != "" {
-		if _, err := os.Stat(o.compare); err != nil {
-			ps = append(ps, fmt.Errorf("--compare: %w", err))
-		}
+	flags := cmd.Flags()
+	if flags.Changed("pool") && o.pool < 1 {
+		ps = append(ps, fmt.Errorf("--pool %d: at least 1 (leave it out for postgres.pool_size)", o.pool))
+	}
+	var scenarios []string
+	for _, s := range o.scenarios {
+		scenarios = append(scenarios, strings.TrimSpace(s))
+	}
+	if len(scenarios) == 0 {
+		ps = append(ps, fmt.Errorf("--scenarios: none given (%s, %s, %s, or some of them)", bench.Steady, bench.Storm, bench.Replay))
 	}
 	var protocols []processor.GroupProtocol
 	for _, p := range o.protocols {
@@ -211,7 +221,45 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if slices.Contains(formats, processor.FormatProtobuf) != (o.protobufSchema != "") {
 		ps = append(ps, errors.New("--formats protobuf and --protobuf-schema go together"))
 	}
+	// The flags' values as bench.Config checks them, before anything is
+	// loaded or run; what only the config gives (the pool, the handlers,
+	// the payloads, the topic) is checked once loaded.
+	early := bench.Config{Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
+		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges,
+		GroupProtocols: protocols, InstanceID: o.instanceID, CPUProfileOf: o.cpuprofileOf, Schema: o.schema, NoRawCopy: o.noRawCopy,
+		PoolSize: max(o.pool, 1)}
+	if o.brokers != "" {
+		early.Brokers = []string{o.brokers}
+	}
+	if o.cpuprofile != "" {
+		early.CPUProfile = io.Discard
+	}
+	for _, p := range bench.Problems(early.Validate()) {
+		var ce *bench.ConfigError
+		if errors.As(p, &ce) && slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic", "GroupProtocols",
+			"Events", "Partitions", "Members", "Rounds", "StormChanges", "PoolSize"}, ce.Field) {
+			continue // checked above, or once the config is loaded
+		}
+		ps = append(ps, flagProblem(p))
+	}
+	// --out and --compare before the run, which may take minutes: the
+	// earlier results are read now, before this run's overwrite them in
+	// the same --out.
+	created, err := usableDir(o.out)
+	if err != nil {
+		ps = append(ps, err)
+	}
+	var old *bench.Results
+	if o.compare != "" {
+		var err error
+		if old, err = bench.ReadResults(o.compare); err != nil {
+			ps = append(ps, fmt.Errorf("--compare: %w", err))
+		}
+	}
 	if err := errors.Join(ps...); err != nil {
+		if created {
+			_ = os.Remove(o.out) // made empty just now: a refused run leaves nothing
+		}
 		return err
 	}
 	a, err := loadBinding(cmd, benchBinds)
@@ -224,7 +272,10 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	payloads, err := bench.LoadPayloads(path, isTemplate)
 	if err != nil {
-		return err
+		if isTemplate {
+			return fmt.Errorf("--template: %w", err)
+		}
+		return fmt.Errorf("--sample: %w", err)
 	}
 	topic := o.topic
 	if topic == "" && len(a.cfg.Kafka.Topics) > 0 {
@@ -265,7 +316,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size,
 		Brokers: brokers, Topic: topic, Payloads: payloads,
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
-		Scenarios: o.scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
+		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
 		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
 		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
@@ -285,7 +336,11 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		cfg.CPUProfile = io.Discard // for Validate: the file is made once the settings are good
 	}
 	if err := cfg.Validate(); err != nil {
-		return err
+		var fps []error
+		for _, p := range bench.Problems(err) {
+			fps = append(fps, flagProblem(p))
+		}
+		return errors.Join(fps...)
 	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
@@ -303,7 +358,13 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// commit or a merge made meanwhile is not the code that ran.
 	checkout := checkoutBuild()
 	res, runErr := bench.Run(cmd.Context(), cfg)
-	if res == nil || len(res.Summary) == 0 {
+	if interrupted := runErr != nil && cmd.Context().Err() != nil; interrupted || res == nil || len(res.Summary) == 0 {
+		if o.keep && res != nil && len(res.Schemas) > 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "kept schemas: %s\n", keptSchemas(res))
+		}
+		if interrupted {
+			return errors.New("interrupted: nothing written to --out")
+		}
 		return runErr
 	}
 	if res.Settings.Build == "" {
@@ -321,17 +382,79 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if o.keep {
 		fmt.Fprintf(out, "kept schemas: %s\n", keptSchemas(res))
 	}
-	if o.compare != "" {
-		old, err := bench.ReadResults(o.compare)
-		if err != nil {
-			return errors.Join(runErr, err)
-		}
-		fmt.Fprintf(out, "\ncompared with %s:\n", o.compare)
+	if old != nil {
+		fmt.Fprintf(out, "\ncompared with %s (read before this run):\n", o.compare)
 		if err := bench.Compare(out, old, res); err != nil {
 			return errors.Join(runErr, err)
 		}
 	}
 	return runErr
+}
+
+// benchFlags are bench.Config's fields by the flag or the config key
+// that sets them.
+var benchFlags = map[string]string{
+	"Events": "--events", "Duplicates": "--duplicates", "Partitions": "--partitions", "Members": "--members",
+	"Scenarios": "--scenarios", "Rounds": "--rounds", "StormChanges": "--storm-changes", "StormEvery": "--storm-every",
+	"GroupProtocols": "--group-protocol", "InstanceID": "--instance-id", "Formats": "--formats", "CPUProfileOf": "--cpuprofile-of",
+	"Schema": "--bench-schema", "PoolSize": "--pool", "Brokers": "--brokers", "NoRawCopy": "--no-raw-copy", "Topic": "--topic",
+	"Consumer.Decode.Format": "decode.format", "Consumer.Decode.IDSource": "decode.event_id_source",
+}
+
+// flagProblem is a problem of bench.Config.Validate said with the flag
+// (or config key) that sets its field: "--duplicates 5: a share from 0
+// to 1", not "bench: Duplicates 5: ...". Other errors are returned as
+// they are.
+func flagProblem(err error) error {
+	var ce *bench.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name, ok := benchFlags[ce.Field]
+	if !ok {
+		return err
+	}
+	if ce.Value != "" {
+		return fmt.Errorf("%s %s: %s", name, ce.Value, ce.Problem)
+	}
+	// A sentence naming its fields: each said by its flag.
+	words := strings.Fields(ce.Problem)
+	for i, w := range words {
+		core := strings.TrimRight(strings.TrimLeft(w, "("), "):,")
+		if f, ok := benchFlags[core]; ok && core != "Topic" {
+			words[i] = strings.Replace(w, core, f, 1)
+		}
+	}
+	msg := strings.Join(words, " ")
+	if ce.Field == "Topic" {
+		msg = "no topic: give --topic or kafka.topics"
+	}
+	return errors.New(msg)
+}
+
+// usableDir checks that dir can take bench's output files: a directory
+// (created if missing: created says so) in which a file can be written.
+func usableDir(dir string) (created bool, err error) {
+	st, err := os.Stat(dir)
+	switch {
+	case err == nil && !st.IsDir():
+		return false, fmt.Errorf("--out %s: not a directory", dir)
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return false, fmt.Errorf("--out: %w", err)
+		}
+		created = true
+	case err != nil:
+		return false, fmt.Errorf("--out: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".onceflow-bench-*")
+	if err != nil {
+		return created, fmt.Errorf("--out %s: not writable: %w", dir, err)
+	}
+	name := f.Name()
+	_ = f.Close()
+	_ = os.Remove(name)
+	return created, nil
 }
 
 // benchHandlers returns the handlers of the config that consume topic,
@@ -382,11 +505,7 @@ func benchLogger(c config.Log) *slog.Logger {
 }
 
 func keptSchemas(res *bench.Results) string {
-	var s []string
-	for _, r := range res.Runs {
-		s = append(s, r.Schema)
-	}
-	return strings.Join(s, ", ")
+	return strings.Join(res.Schemas, ", ")
 }
 
 // benchCommandLine is the command line results.md quotes, the password

@@ -1,0 +1,275 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sink"
+)
+
+// Validate lists every problem at once, each naming its field, the
+// names of the CPU profile's run and of the scenarios included.
+func TestValidateListsEveryProblem(t *testing.T) {
+	err := Config{Topic: "t", Events: -1, Duplicates: 5, StormEvery: -time.Second, Schema: "BAD", CPUProfileOf: "zz",
+		Scenarios: []string{""}, PoolSize: -1}.Validate()
+	fields := map[string]bool{}
+	for _, p := range Problems(err) {
+		var ce *ConfigError
+		if errors.As(p, &ce) {
+			fields[ce.Field] = true
+		}
+	}
+	for _, w := range []string{"Events -1", "Duplicates 5: a share from 0 to 1", "StormEvery -1s", `Schema "BAD"`,
+		`CPUProfileOf "zz"`, `unknown scenario ""`, "PoolSize -1"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("Validate: %v\nwant it to say %q", err, w)
+		}
+	}
+	for _, f := range []string{"Events", "Duplicates", "StormEvery", "Schema", "CPUProfileOf", "Scenarios", "PoolSize"} {
+		if !fields[f] {
+			t.Errorf("no ConfigError for field %s in %v", f, err)
+		}
+	}
+}
+
+// A change whose two seconds before were a stall is measured against the
+// run's own rate up to it, not against the stall: a kill during a stall
+// does not "recover" at once.
+func TestRecoveryReferenceIsNotAStall(t *testing.T) {
+	var series []Sample
+	applied := int64(0)
+	for i := 0; i <= 60; i++ { // 0.25 s apart
+		s := float64(i) / 4
+		switch {
+		case s <= 4: // 1000 pairs/s
+			applied += 250
+		case s <= 5.5: // a stall before the change at 6 s...
+		case s <= 6: // ...then a trickle: 200 pairs/s
+			applied += 50
+		case s <= 9: // after the change, the trickle goes on until 9 s
+			applied += 50
+		default:
+			applied += 250
+		}
+		series = append(series, Sample{Seconds: s, Applied: applied})
+	}
+	changes := []Change{{Seconds: 6, What: "kill"}}
+	recovery(series, changes)
+	if got := changes[0].RecoveryMs; got < 3000 {
+		t.Errorf("recovery %v ms after a change in a stall, the rate back at 1000/s only 3 s later; want ≥ 3000", got)
+	}
+}
+
+// A storm with nothing measured shows "–", never 0; the protocols'
+// median recovery is over the rounds that measured one; the report says
+// how many changes were measured of how many.
+func TestRecoveryNothingMeasured(t *testing.T) {
+	short := []Sample{{Seconds: 0}, {Seconds: 0.25, Applied: 100}}
+	changes := []Change{{Seconds: 0.1, What: "join"}, {Seconds: 0.2, What: "leave"}}
+	r1 := RunResult{Name: "storm", Round: 1, Scenario: Storm, GroupProtocol: "classic", EventsPerSec: 100, Series: short,
+		Changes: changes, Consumer: &ConsumerStats{}, StormPlanned: 2}
+	r1.RecoveryMedianMs, r1.RecoveryMaxMs, r1.RecoveryMeasured = recovery(r1.Series, r1.Changes)
+	r2 := RunResult{Name: "storm", Round: 2, Scenario: Storm, GroupProtocol: "classic", EventsPerSec: 110,
+		Changes: []Change{{Seconds: 3, What: "join", RecoveryMs: 900}, {Seconds: 5, What: "leave"}}, Consumer: &ConsumerStats{},
+		RecoveryMedianMs: 900, RecoveryMaxMs: 900, StormPlanned: 2}
+	r2.RecoveryMeasured = 1
+	res := &Results{Runs: []RunResult{r1, r2}}
+	ps := summarizeProtocols(res, []processor.GroupProtocol{processor.ClassicProtocol})
+	if got := ps[0].StormRecoveryMs; got != 900 {
+		t.Errorf("protocols' storm recovery %v ms, want 900: the round with nothing measured left out", got)
+	}
+	res.Protocols = ps
+	dir := t.TempDir()
+	if err := res.WriteFiles(dir, "onceflow bench"); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
+	for _, w := range []string{"| storm | 1 | 100 |", "| – (0 of 2 measured) |", "| 900 / 900 (1 of 2 measured) |", "recovery median / max ms (n of m measured)",
+		"not measured"} {
+		if !strings.Contains(string(md), w) {
+			t.Errorf("results.md lacks %q:\n%s", w, md)
+		}
+	}
+	if strings.Contains(string(md), "| 0 / 0 |") {
+		t.Errorf("results.md shows 0 / 0 for a storm with nothing measured:\n%s", md)
+	}
+}
+
+// The tables' check says which check each table passed, and a column
+// that differs from effects-only's fails the same way in a table with
+// numeric columns as in one without, naming the column, in plain words.
+func TestCheckSaysWhichCheck(t *testing.T) {
+	ref := map[string]TableState{
+		"counters": {Rows: 2, Digest: "20", Sums: map[string]string{"shard": "1", "n": "3"}},
+		"payments": {Rows: 3, Digest: "10", Sums: map[string]string{"amount": "30"}, Columns: map[string]string{"paid_at": "5", "account": "7"}},
+		"notes":    {Rows: 3, Digest: "40", Columns: map[string]string{"what": "8"}},
+	}
+	got := map[string]TableState{
+		"counters": {Rows: 3, Digest: "21", Sums: map[string]string{"shard": "1", "n": "3"}},
+		"payments": {Rows: 3, Digest: "11", Sums: map[string]string{"amount": "30"}, Columns: map[string]string{"paid_at": "6", "account": "7"}},
+		"notes":    {Rows: 3, Digest: "41", Columns: map[string]string{"what": "9"}},
+	}
+	ps, how := compareTables(got, ref)
+	if how["counters"] != CheckSums {
+		t.Errorf("counters passed by %q, want %q", how["counters"], CheckSums)
+	}
+	if _, ok := how["payments"]; ok {
+		t.Errorf("payments with paid_at differing passed by %q", how["payments"])
+	}
+	text := strings.Join(ps, "\n")
+	for _, w := range []string{"table payments has other contents than effects-only wrote (3 rows both): column paid_at holds other values",
+		"table notes has other contents than effects-only wrote (3 rows both): column what holds other values", "now()"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("problems %q lack %q", ps, w)
+		}
+	}
+	if strings.Contains(text, "map[") {
+		t.Errorf("problems show Go internals: %q", ps)
+	}
+	same := map[string]TableState{"notes": ref["notes"]}
+	if ps, how := compareTables(same, map[string]TableState{"notes": ref["notes"]}); len(ps) != 0 || how["notes"] != CheckDigest {
+		t.Errorf("the same table: problems %q, check %q; want none, %q", ps, how["notes"], CheckDigest)
+	}
+}
+
+// Compare names the settings that differ, rounds included; the price
+// line with two protocols says whose it is.
+func TestCompareAndPriceLine(t *testing.T) {
+	old := &Results{Settings: Settings{Rounds: 2}, Summary: []Line{{Name: "steady", EventsPerSec: 100}}}
+	cur := &Results{Settings: Settings{Rounds: 1}, Summary: []Line{{Name: "steady", EventsPerSec: 110}}}
+	var b bytes.Buffer
+	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "rounds 2 → 1") {
+		t.Errorf("Compare: %v\n%s\nwant rounds 2 → 1", err, b.String())
+	}
+	two := &Results{Settings: Settings{GroupProtocols: []string{"classic", "consumer"}},
+		Summary: []Line{{Name: EffectsOnly, EventsPerSec: 100}, {Name: "steady-classic", EventsPerSec: 50}, {Name: "steady-consumer", EventsPerSec: 40}}}
+	summarizePrices(two)
+	line := two.PriceLine()
+	for _, w := range []string{"classic", "50.0 %", "consumer", "60.0 %"} {
+		if !strings.Contains(line, w) {
+			t.Errorf("price line %q lacks %q", line, w)
+		}
+	}
+}
+
+// Plots of an earlier run in --out that this run does not make are
+// removed: the folder shows one run.
+func TestWriteFilesRemovesOldPlots(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "throughput-storm-r1.png")
+	if err := os.WriteFile(old, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := &Results{Runs: []RunResult{{Name: "steady", Round: 1, Scenario: Steady, Series: []Sample{{Seconds: 0}, {Seconds: 1, Committed: 10}}}}}
+	if err := res.WriteFiles(dir, "onceflow bench"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); err == nil {
+		t.Errorf("%s left from an earlier run", old)
+	}
+}
+
+// A storm's changes never bunch and are never made after the stream has
+// been consumed: on a stream too fast for its planned changes, each is
+// made at least stormSpacing after the previous one returned and before
+// the run's last commit; those that did not fit are said, not made.
+func TestStormChangesKeepApartAndWithinTheStream(t *testing.T) {
+	res := paymentsRun(t, Config{Events: 3000, Partitions: 4, Members: 2, Scenarios: []string{Storm}, NoRawCopy: true, StormChanges: 6})
+	r := res.Runs[1]
+	if r.Name != Storm {
+		t.Fatalf("run %s, want storm", r.Name)
+	}
+	for i, c := range r.Changes {
+		if c.Seconds > r.Seconds {
+			t.Errorf("change %d (%s) made at %.3fs, after the stream's last commit at %.3fs", i+1, c.What, c.Seconds, r.Seconds)
+		}
+		if i > 0 {
+			p := r.Changes[i-1]
+			if gap := c.Seconds - (p.Seconds + p.Took); gap < stormSpacing.Seconds()-0.01 {
+				t.Errorf("change %d made %.3fs after change %d returned, want at least %v", i+1, gap, i, stormSpacing)
+			}
+		}
+	}
+	if short := len(r.Changes) < r.StormPlanned; short != r.StormShort {
+		t.Errorf("%d of %d changes made, StormShort %v", len(r.Changes), r.StormPlanned, r.StormShort)
+	}
+	if r.StormShort {
+		want := fmt.Sprintf("%d of %d changes made before the stream ended", len(r.Changes), r.StormPlanned)
+		if got := changeKinds(r); !strings.Contains(got, want) || !strings.Contains(got, "raise --events") {
+			t.Errorf("changes cell %q, want it to say %q and raise --events", got, want)
+		}
+	}
+}
+
+// A change in the run's first two seconds, before a two-second window
+// exists, is measured against the run's median rate up to it.
+func TestRecoveryEarlyChange(t *testing.T) {
+	var series []Sample
+	applied := int64(0)
+	for i := 0; i <= 24; i++ { // 0.25 s apart
+		s := float64(i) / 4
+		if s > 0 && (s <= 1 || s > 2.5) { // 1000 pairs/s, a stall from 1 s to 2.5 s
+			applied += 250
+		}
+		series = append(series, Sample{Seconds: s, Applied: applied})
+	}
+	changes := []Change{{Seconds: 1, What: "kill"}}
+	if _, _, n := recovery(series, changes); n != 1 || changes[0].RecoveryMs < 1500 {
+		t.Errorf("a change at 1 s: %d measured, recovery %v ms; want it measured, ≥ 1500 ms", n, changes[0].RecoveryMs)
+	}
+}
+
+// recorder is a handler that keeps the topics it was given, and filters
+// topics when only is set.
+type recorder struct {
+	topics []string
+	only   string
+}
+
+func (r *recorder) Name() string { return "recorder" }
+func (r *recorder) Apply(_ context.Context, _ pgx.Tx, evs []sink.Event) error {
+	for _, e := range evs {
+		r.topics = append(r.topics, e.Topic)
+	}
+	return nil
+}
+
+type filtering struct{ *recorder }
+
+func (f filtering) Consumes(topic string) bool { return topic == f.only }
+
+// On real brokers the handlers see the config's topic: their events'
+// Topic is it, a topic filter is asked about it, and a handler that
+// filters no topic does not become one that does.
+func TestTopicAs(t *testing.T) {
+	plain, filt := &recorder{}, filtering{&recorder{only: "payments"}}
+	hs := topicAs([]sink.Handler{plain, filt}, "payments")
+	evs := []sink.Event{{Topic: "payments-bench-1a2b"}, {Topic: "payments-bench-1a2b"}}
+	for _, h := range hs {
+		if err := h.Apply(t.Context(), nil, evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := strings.Join(append(plain.topics, filt.topics...), ","); got != "payments,payments,payments,payments" {
+		t.Errorf("handlers saw topics %s, want payments each", got)
+	}
+	if evs[0].Topic != "payments-bench-1a2b" {
+		t.Errorf("the batch's events were changed: %s", evs[0].Topic)
+	}
+	if _, ok := hs[0].(sink.TopicFilter); ok {
+		t.Errorf("a handler without a topic filter became one")
+	}
+	if f, ok := hs[1].(sink.TopicFilter); !ok || !f.Consumes("payments-bench-1a2b") {
+		t.Errorf("the filtering handler does not consume bench's topic standing for payments")
+	}
+}
