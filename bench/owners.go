@@ -155,20 +155,43 @@ func (o *owners) lastHeld(name string) []int32 {
 	return nil
 }
 
+// retakeSettle is how long retaken gives a restarted member, once it runs
+// a partition again, to run the rest of what it held, before it counts
+// the ones it did not get back as moved.
+const retakeSettle = time.Second
+
 // retaken waits (up to timeout) until the latest incarnation of name runs
-// every partition of held, and returns how many of them another member
-// ran since from; ok is false when the restart did not take them all back
-// in time.
+// every partition of held, or runs some and retakeSettle has passed (a
+// rebalance for another change, such as an earlier static leave's
+// session ending, may have given the rest to others), and returns how
+// many of held another member ran since from or runs now; ok is false
+// when the restarted member ran no partition in time.
 func (o *owners) retaken(ctx context.Context, name string, held []int32, from time.Time, timeout time.Duration) (moved int, ok bool) {
 	deadline := time.Now().Add(timeout)
+	var back time.Time // when the restarted member first ran a partition
 	for {
 		o.mu.Lock()
 		all := true
 		for _, p := range held {
 			all = all && o.cur[p] == name
 		}
-		if all {
+		// The latest incarnation has been seen running a partition: o.cur
+		// is of a poll after the restart, not of the killed incarnation.
+		var latest *owned
+		for _, m := range o.ms {
+			if m.name == name {
+				latest = m
+			}
+		}
+		if latest != nil && len(latest.last) > 0 && back.IsZero() {
+			back = time.Now()
+		}
+		if !back.IsZero() && (all || time.Since(back) >= retakeSettle) {
 			for _, p := range held {
+				if o.cur[p] != name {
+					moved++
+					continue
+				}
 				for _, h := range o.hist[p] {
 					if !h.t.Before(from) && h.name != name {
 						moved++
