@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -387,12 +386,8 @@ func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) 
 	ctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer("github.com/onceflow/onceflow/dedup").Start(ctx,
 		"copy_from "+table.Sanitize(), trace.WithAttributes(attribute.Int("onceflow.rows", len(c.todo))))
 	defer span.End()
-	buf := copyBufs.Get().(*[]byte)
-	if n := c.binarySize(); cap(*buf) < n {
-		*buf = make([]byte, 0, n) // once, rather than grown by doubling
-	}
-	*buf = c.appendBinary((*buf)[:0])
-	tag, err := cq.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(*buf),
+	buf := c.appendBinary(getCopyBuf(c.binarySize()))
+	tag, err := cq.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf),
 		`SAVEPOINT onceflow_claim; COPY `+table.Sanitize()+` (`+strings.Join(claimColumns, ", ")+`) FROM STDIN BINARY`)
 	if err != nil {
 		// Not kept: on a broken connection pgconn can return while its
@@ -404,12 +399,44 @@ func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) 
 		}
 		return 0, err
 	}
-	copyBufs.Put(buf)
+	putCopyBuf(buf)
 	return tag.RowsAffected(), nil
 }
 
-// copyBufs keeps the buffers claims are encoded into for COPY.
-var copyBufs = sync.Pool{New: func() any { return new([]byte) }}
+// copyBufs keeps, for the next claims, up to its capacity of the buffers
+// claims are encoded into for COPY, each at most maxCopyBuf: a sync.Pool
+// loses what it holds at every garbage collection, which a steady stream
+// runs every few batches, and each claim then grew a buffer anew.
+var copyBufs = make(chan []byte, 8)
+
+// maxCopyBuf bounds a buffer copyBufs keeps (a batch of about 10 000
+// keys): what it holds stays at most 8 MiB.
+const maxCopyBuf = 1 << 20
+
+// getCopyBuf returns an empty buffer with room for n bytes: a kept one if
+// it has the room, else a new one, made that size once rather than grown.
+func getCopyBuf(n int) []byte {
+	select {
+	case b := <-copyBufs:
+		if cap(b) >= n {
+			return b[:0]
+		}
+	default:
+	}
+	return make([]byte, 0, n)
+}
+
+// putCopyBuf keeps b for a later claim, unless copyBufs is full or b is
+// over maxCopyBuf.
+func putCopyBuf(b []byte) {
+	if cap(b) > maxCopyBuf {
+		return
+	}
+	select {
+	case copyBufs <- b:
+	default:
+	}
+}
 
 // binarySize is the length of appendBinary's encoding of c.
 func (c claimSet) binarySize() int {
