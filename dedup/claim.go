@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -143,8 +143,9 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 	// re-read) has nothing to release.
 	b := &pgx.Batch{}
 	t.queueLock(b)
-	b.Queue(lookupSQL(t.processed), eventIDs(keys))
-	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, &c)
+	l := newLookupKeys(keys)
+	b.Queue(lookupSQL(t.processed), l.ids)
+	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, l, &c)
 	c.Slice = current
 	if err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
@@ -169,12 +170,12 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 
 // lookupLocked reads the results of LookupClaim's pipeline into c and
 // returns the current slice.
-func lookupLocked(br pgx.BatchResults, t tables, keys []Key, c *Claims) (current int32, err error) {
+func lookupLocked(br pgx.BatchResults, t tables, keys []Key, l lookupKeys, c *Claims) (current int32, err error) {
 	defer br.Close()
 	current, _, err = t.readLock(br)
 	rows, qerr := br.Query()
 	if qerr == nil {
-		found, stored, lerr := readLookup(rows, keys)
+		found, stored, lerr := readLookup(rows, keys, l)
 		if err == nil && lerr != nil {
 			err = lerr
 		}
@@ -259,7 +260,7 @@ func distinct(keys []Key, todo []int) []int {
 	// Ties broken by index, so that a key's first copy sorts first; an
 	// unstable sort with a total order is the stable sort, only cheaper.
 	slices.SortFunc(todo, func(a, b int) int {
-		if c := bytes.Compare(keys[a].EventID[:], keys[b].EventID[:]); c != 0 {
+		if c := compareIDs(&keys[a].EventID, &keys[b].EventID); c != 0 {
 			return c
 		}
 		if c := strings.Compare(keys[a].Handler, keys[b].Handler); c != 0 {
@@ -277,6 +278,15 @@ func distinct(keys []Key, todo []int) []int {
 	return out
 }
 
+// compareIDs orders ids as bytes.Compare does, by their two big-endian
+// halves: no call for each comparison of a sort.
+func compareIDs(a, b *uuid.UUID) int {
+	if x, y := binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(b[:8]); x != y {
+		return cmp.Compare(x, y)
+	}
+	return cmp.Compare(binary.BigEndian.Uint64(a[8:]), binary.BigEndian.Uint64(b[8:]))
+}
+
 // absent returns the indexes of todo whose keys are in no slice s with
 // "s op current": op "<" looks in the older slices, which are no longer
 // written (what they hold is committed); "=" in the current one, as of
@@ -286,7 +296,7 @@ func distinct(keys []Key, todo []int) []int {
 // with the keys here. The slice is a parameter, not a subquery, so that
 // the scan is pruned to the partitions it names.
 func (t tables) absent(ctx context.Context, q Querier, op string, current int32, keys []Key, todo []int) ([]int, error) {
-	ids := make([]pgtype.UUID, 0, len(todo))
+	ids := make(uuidArray, 0, len(todo))
 	for _, i := range todo { // in event_id order: each id once
 		if id := keys[i].EventID; len(ids) == 0 || ids[len(ids)-1].Bytes != id {
 			ids = append(ids, uuidParam(id))
@@ -385,9 +395,8 @@ func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) 
 	ctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer("github.com/onceflow/onceflow/dedup").Start(ctx,
 		"copy_from "+table.Sanitize(), trace.WithAttributes(attribute.Int("onceflow.rows", len(c.todo))))
 	defer span.End()
-	buf := copyBufs.Get().(*[]byte)
-	*buf = c.appendBinary((*buf)[:0])
-	tag, err := cq.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(*buf),
+	buf := c.appendBinary(getCopyBuf(c.binarySize()))
+	tag, err := cq.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf),
 		`SAVEPOINT onceflow_claim; COPY `+table.Sanitize()+` (`+strings.Join(claimColumns, ", ")+`) FROM STDIN BINARY`)
 	if err != nil {
 		// Not kept: on a broken connection pgconn can return while its
@@ -399,12 +408,59 @@ func (t tables) copy(ctx context.Context, q Querier, c claimSet) (int64, error) 
 		}
 		return 0, err
 	}
-	copyBufs.Put(buf)
+	putCopyBuf(buf)
 	return tag.RowsAffected(), nil
 }
 
-// copyBufs keeps the buffers claims are encoded into for COPY.
-var copyBufs = sync.Pool{New: func() any { return new([]byte) }}
+// copyBufs keeps, for the next claims, up to its capacity of the buffers
+// claims are encoded into for COPY, each at most maxCopyBuf: a sync.Pool
+// loses what it holds at every garbage collection, which a steady stream
+// runs every few batches, and each claim then grew a buffer anew.
+var copyBufs = make(chan []byte, 8)
+
+// maxCopyBuf bounds a buffer copyBufs keeps (a batch of about 10 000
+// keys): what it holds stays at most 8 MiB.
+const maxCopyBuf = 1 << 20
+
+// getCopyBuf returns an empty buffer with room for n bytes: a kept one if
+// it has the room, else a new one, made once rather than grown, with a
+// quarter more room, so that it serves the slightly larger claims of the
+// next batches too.
+func getCopyBuf(n int) []byte {
+	select {
+	case b := <-copyBufs:
+		if cap(b) >= n {
+			return b[:0]
+		}
+	default:
+	}
+	return make([]byte, 0, n+n/4)
+}
+
+// putCopyBuf keeps b for a later claim, unless copyBufs is full or b is
+// over maxCopyBuf.
+func putCopyBuf(b []byte) {
+	if cap(b) > maxCopyBuf {
+		return
+	}
+	select {
+	case copyBufs <- b:
+	default:
+	}
+}
+
+// binarySize is the length of appendBinary's encoding of c.
+func (c claimSet) binarySize() int {
+	n := 11 + 4 + 4 + 2 // signature, flags, header extension, the end
+	for _, i := range c.todo {
+		n += 2 + 4 + 16 + 4 + len(c.keys[i].Handler) + 4 + len(c.bus) + 4 + 4 + 4 + 4
+		if c.trace != nil {
+			n += len(*c.trace)
+		}
+		n += len(c.digest(i))
+	}
+	return n
+}
 
 // appendBinary appends the rows of c in COPY's binary format, in the order
 // of claimColumns, to b.
@@ -446,7 +502,7 @@ func (c claimSet) appendBinary(b []byte) []byte {
 // waits for a concurrent transaction that holds it, like any unique-index
 // insert.
 func (t tables) insertClaims(ctx context.Context, q Querier, c claimSet, claimed []bool) error {
-	ids := make([]pgtype.UUID, len(c.todo))
+	ids := make(uuidArray, len(c.todo))
 	handlers := make([]string, len(c.todo))
 	ds := make([][]byte, len(c.todo))
 	for j, i := range c.todo {
@@ -494,3 +550,41 @@ func keySet(rows pgx.Rows, size int) (map[Key]struct{}, error) {
 // default_query_exec_mode, as set behind a transaction pooler), where
 // arrays of [16]byte or uuid.UUID have no encoding.
 func uuidParam(id [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: true} }
+
+// uuidArray is a uuid[] parameter. Where the statement is described, pgx
+// encodes it in binary as the array it is (pgtype.ArrayGetter), with each
+// element handed over by pointer: pgx's encoding of a []pgtype.UUID goes
+// through reflection and boxes every element, an allocation per id.
+// Where it is not (QueryExecModeExec, QueryExecModeSimpleProtocol), pgx
+// sends its TextValue, the array's literal.
+type uuidArray []pgtype.UUID
+
+// TextValue implements pgtype.TextValuer: the array's literal, {} when
+// empty.
+func (a uuidArray) TextValue() (pgtype.Text, error) {
+	b := make([]byte, 0, 2+37*len(a))
+	b = append(b, '{')
+	for i := range a {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, uuid.UUID(a[i].Bytes).String()...)
+	}
+	b = append(b, '}')
+	return pgtype.Text{String: string(b), Valid: true}, nil
+}
+
+// Dimensions implements pgtype.ArrayGetter: one dimension, from 1.
+func (a uuidArray) Dimensions() []pgtype.ArrayDimension {
+	if a == nil {
+		return nil
+	}
+	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
+}
+
+// Index implements pgtype.ArrayGetter: a pointer to the i-th id, which
+// costs no allocation as an any.
+func (a uuidArray) Index(i int) any { return &a[i] }
+
+// IndexType implements pgtype.ArrayGetter.
+func (a uuidArray) IndexType() any { return new(pgtype.UUID) }

@@ -66,11 +66,12 @@ func Lookup(ctx context.Context, q Querier, table string, keys []Key) ([]bool, [
 	if len(keys) == 0 {
 		return []bool{}, []Digest{}, nil
 	}
-	rows, err := q.Query(ctx, lookupSQL(table), eventIDs(keys))
+	l := newLookupKeys(keys)
+	rows, err := q.Query(ctx, lookupSQL(table), l.ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("look up claims: %w", err)
 	}
-	return readLookup(rows, keys)
+	return readLookup(rows, keys, l)
 }
 
 // lookupSQL reads the claims of a set of event ids, one index descent per
@@ -80,17 +81,28 @@ func lookupSQL(table string) string {
 	return `SELECT event_id, handler, payload_digest FROM ` + table + ` WHERE event_id = ANY($1::uuid[])`
 }
 
-// eventIDs is the distinct event ids of keys, as lookupSQL's parameter.
-func eventIDs(keys []Key) []pgtype.UUID {
-	seen := make(map[[16]byte]struct{}, len(keys))
-	ids := make([]pgtype.UUID, 0, len(keys))
-	for _, k := range keys {
-		if _, ok := seen[k.EventID]; !ok {
-			seen[k.EventID] = struct{}{}
-			ids = append(ids, uuidParam(k.EventID))
+// lookupKeys indexes keys by event id for lookupSQL: ids is the distinct
+// event ids (lookupSQL's parameter), first[id] the index of id's first
+// key and next[i] that of the key of the same event after keys[i] (-1:
+// none). One map serves the parameter and the reading of the rows.
+type lookupKeys struct {
+	ids   uuidArray
+	first map[[16]byte]int
+	next  []int
+}
+
+func newLookupKeys(keys []Key) lookupKeys {
+	l := lookupKeys{ids: make(uuidArray, 0, len(keys)), first: make(map[[16]byte]int, len(keys)), next: make([]int, len(keys))}
+	for i := len(keys) - 1; i >= 0; i-- {
+		l.next[i] = -1
+		if j, ok := l.first[keys[i].EventID]; ok {
+			l.next[i] = j
+		} else {
+			l.ids = append(l.ids, uuidParam(keys[i].EventID))
 		}
+		l.first[keys[i].EventID] = i
 	}
-	return ids
+	return l
 }
 
 // readLookup reads lookupSQL's rows into Lookup's results for keys. A row
@@ -98,17 +110,8 @@ func eventIDs(keys []Key) []pgtype.UUID {
 // then by handler), its handler and digest read in place: a batch that
 // was all applied before, as a replay re-reads it, costs no allocation
 // per row.
-func readLookup(rows pgx.Rows, keys []Key) ([]bool, []Digest, error) {
-	// first[id] is the first index of id's keys, next[i] the one after i (-1: none).
-	first := make(map[[16]byte]int, len(keys))
-	next := make([]int, len(keys))
-	for i := len(keys) - 1; i >= 0; i-- {
-		next[i] = -1
-		if j, ok := first[keys[i].EventID]; ok {
-			next[i] = j
-		}
-		first[keys[i].EventID] = i
-	}
+func readLookup(rows pgx.Rows, keys []Key, l lookupKeys) ([]bool, []Digest, error) {
+	first, next := l.first, l.next
 	found := make([]bool, len(keys))
 	out := make([]Digest, len(keys))
 	var id [16]byte
@@ -140,7 +143,7 @@ func Unclaim(ctx context.Context, q Querier, table string, keys []Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	ids := make([]pgtype.UUID, len(keys))
+	ids := make(uuidArray, len(keys))
 	handlers := make([]string, len(keys))
 	for i, k := range keys {
 		ids[i] = uuidParam(k.EventID)

@@ -72,16 +72,24 @@ func (w *worker) batch(recs []*kgo.Record) (*sink.Batch, []trace.Link, error) {
 	b := &sink.Batch{Topic: w.key.topic, Partition: w.key.partition, Epoch: w.epoch, Fence: w.fence,
 		NextOffset: recs[len(recs)-1].Offset + 1, TopicID: w.topicID, Events: w.events[:0]}
 	var links []trace.Link
+	// The events' headers, in one allocation for the batch: new for each
+	// batch, since a handler may keep what an event points to.
+	nh := 0
+	for _, r := range recs {
+		nh += len(r.Headers)
+	}
+	slab := make([]sink.Header, 0, nh)
+	dc := cfg.Decode.withDefaults()
 	for _, r := range recs {
 		if r.Attrs.IsControl() {
 			continue
 		}
-		ev, err := DecodeContext(w.ctx, r, cfg.Decode)
-		var de *DecodeError
-		if err != nil && !errors.As(err, &de) {
-			return nil, nil, fmt.Errorf("decode %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
-		}
-		if de != nil {
+		ev, err := decodeRecord(w.ctx, r, dc, &slab)
+		if err != nil {
+			var de *DecodeError
+			if !errors.As(err, &de) {
+				return nil, nil, fmt.Errorf("decode %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+			}
 			b.DeadLetters = append(b.DeadLetters, sink.DeadLetter{
 				Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 				EventID: de.EventID, Reason: de.Reason, Key: r.Key, Value: r.Value,

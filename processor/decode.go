@@ -182,7 +182,13 @@ func Decode(r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
 // the problem. Any other error is the schema registry's, not the record's
 // (registry.IsTransient: retry; registry.IsAuth: configuration), or ctx's.
 func DecodeContext(ctx context.Context, r *kgo.Record, cfg DecodeConfig) (sink.Event, error) {
-	cfg = cfg.withDefaults()
+	return decodeRecord(ctx, r, cfg.withDefaults(), nil)
+}
+
+// decodeRecord is DecodeContext with cfg's defaults taken. The event's
+// headers are carved from the end of *slab when it has room for them (a
+// batch's records share one allocation), else allocated.
+func decodeRecord(ctx context.Context, r *kgo.Record, cfg DecodeConfig, slab *[]sink.Header) (sink.Event, error) {
 	fail := func(id uuid.NullUUID, format string, args ...any) (sink.Event, error) {
 		if !id.Valid && cfg.IDSource == IDFromField && cfg.IDField != "" && cfg.Format == FormatJSON {
 			id = fieldID(r.Value, cfg.IDField)
@@ -277,8 +283,14 @@ func DecodeContext(ctx context.Context, r *kgo.Record, cfg DecodeConfig) (sink.E
 		id = uuid.NullUUID{UUID: u, Valid: true}
 	}
 	var hs []sink.Header
-	if len(r.Headers) > 0 {
-		hs = make([]sink.Header, len(r.Headers))
+	if n := len(r.Headers); n > 0 {
+		if slab != nil && cap(*slab)-len(*slab) >= n {
+			at := len(*slab)
+			*slab = (*slab)[:at+n]
+			hs = (*slab)[at : at+n : at+n] // full: an append by a handler copies
+		} else {
+			hs = make([]sink.Header, n)
+		}
 		for i, h := range r.Headers {
 			hs[i] = sink.Header{Key: h.Key, Value: h.Value}
 		}

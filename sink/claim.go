@@ -107,21 +107,31 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, trace
 // copy's digest, known here; the others' are read in one round trip, only
 // when there are such keys.
 func (w *Writer) lostDigests(ctx context.Context, tx pgx.Tx, keys []pending, todo []int, won []bool, stored []dedup.Digest) error {
-	var winner map[dedup.Key]int // index in keys of the copy of a key that won
-	var read []int
+	var lost []int
 	for _, i := range todo {
-		if won[i] {
-			continue
+		if !won[i] {
+			lost = append(lost, i)
 		}
-		if winner == nil {
-			winner = make(map[dedup.Key]int, len(todo))
-			for _, k := range todo {
-				if won[k] {
-					winner[keys[k].key] = k
-				}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	// The copy that won each lost key, if it is in todo: a map of the lost
+	// keys only, a few in a batch of hundreds.
+	winner := make(map[dedup.Key]int, len(lost))
+	for _, i := range lost {
+		winner[keys[i].key] = -1
+	}
+	for _, k := range todo {
+		if won[k] {
+			if _, ok := winner[keys[k].key]; ok {
+				winner[keys[k].key] = k
 			}
 		}
-		if first, ok := winner[keys[i].key]; ok {
+	}
+	var read []int
+	for _, i := range lost {
+		if first := winner[keys[i].key]; first >= 0 {
 			stored[i] = keys[first].digest
 		} else {
 			read = append(read, i)

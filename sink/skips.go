@@ -74,18 +74,24 @@ func (w *Writer) logSkips(ctx context.Context, b *Batch, skipped []skip) {
 	}
 	span := trace.SpanFromContext(ctx)
 	span.SetAttributes(attribute.Int("onceflow.skipped", len(skipped)))
+	// Asked once a batch: at the usual Warn level, with no tracing, a
+	// skipped key costs nothing more.
+	info, debug, recording := w.log.Enabled(ctx, slog.LevelInfo), w.log.Enabled(ctx, slog.LevelDebug), span.IsRecording()
 	for i, s := range skipped {
-		e := b.Events[s.event]
-		level := slog.LevelInfo
-		if i >= w.cfg.SkipLogLimit {
-			level = slog.LevelDebug
+		if i >= w.cfg.SkipLogLimit && !debug && (i >= w.cfg.SkipEventLimit || !recording) {
+			break
 		}
-		if w.log.Enabled(ctx, level) {
+		e := &b.Events[s.event]
+		level, on := slog.LevelInfo, info
+		if i >= w.cfg.SkipLogLimit {
+			level, on = slog.LevelDebug, debug
+		}
+		if on {
 			w.log.Log(ctx, level, "dedup.skip", "step", "dedup.skip", "event_id", s.key.EventID.String(),
 				"bus", w.cfg.Bus, "handler", s.key.Handler, "layer", s.layer,
 				"topic", e.Topic, "partition", e.Partition, "offset", e.Offset)
 		}
-		if i < w.cfg.SkipEventLimit {
+		if i < w.cfg.SkipEventLimit && recording {
 			span.AddEvent("dedup.skip", trace.WithAttributes(
 				attribute.String("onceflow.event_id", s.key.EventID.String()),
 				attribute.String("onceflow.handler", s.key.Handler),
