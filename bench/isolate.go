@@ -62,7 +62,8 @@ func CloneSchema(schema string) string { return schema + "_t" }
 //   - a written table that has a trigger or a rule (either may write
 //     elsewhere, and a clone has neither);
 //   - a written table whose default, generated column, constraint,
-//     index (its expressions and predicate) or column's domain calls a
+//     index (its expressions and predicate), extended statistics (which
+//     ANALYZE computes) or column's domain calls a
 //     function of the user's (not Postgres' own nor an extension's) that
 //     is not IMMUTABLE, or IMMUTABLE but able to write all the same (in
 //     another language than sql or plpgsql, running dynamic SQL, or
@@ -566,6 +567,9 @@ WITH RECURSIVE cols(col, typ) AS (
   UNION ALL
     SELECT 'pg_class'::regclass, i.indexrelid, 'index ' || ic.relname, false, pg_get_indexdef(i.indexrelid)
     FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid WHERE i.indrelid = $1::regclass
+  UNION ALL
+    SELECT 'pg_statistic_ext'::regclass, x.oid, 'statistics ' || x.stxname, false, pg_get_statisticsobjdef(x.oid)
+    FROM pg_statistic_ext x WHERE x.stxrelid = $1::regclass
   UNION ALL
     SELECT 'pg_constraint'::regclass, c.oid, format('the domain %s of column %s (its constraint %s)', d.dom, d.col, c.conname), false, pg_get_constraintdef(c.oid)
     FROM doms d JOIN pg_constraint c ON c.contypid = d.oid

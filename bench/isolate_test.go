@@ -326,9 +326,16 @@ func TestIsolationRefusesFunctionsInTheClonesExpressions(t *testing.T) {
 			want: "%s.payments: index pay_tag calls %s.tag(), an IMMUTABLE function of yours that calls %s.audit_note()"},
 		{name: "partial index", setup: []string{`CREATE INDEX pay_part ON payments (account) WHERE tag(account) <> ''`},
 			want: "%s.payments: index pay_part calls %s.tag()"},
+		{name: "statistics", setup: []string{`CREATE STATISTICS pay_stat ON (tag(account)), amount FROM payments`},
+			want: "%s.payments: statistics pay_stat calls %s.tag()"},
 		{name: "domain check", setup: []string{`CREATE DOMAIN amount_t AS numeric(12,2) CHECK (ok(VALUE))`,
 			`ALTER TABLE payments ALTER COLUMN amount TYPE amount_t`},
 			want: "%s.payments: the domain %s.amount_t of column amount (its constraint amount_t_check) calls %s.ok()"},
+		{name: "domain default", setup: []string{`CREATE DOMAIN note_t AS text DEFAULT audit_note('domain')`,
+			`ALTER TABLE payments ADD COLUMN n note_t`},
+			want: "%s.payments: the domain %s.note_t of column n (its default) calls %s.audit_note(), a function of yours that is not IMMUTABLE"},
+		{name: "sequence in a check", setup: []string{`CREATE SEQUENCE s2`, `ALTER TABLE payments ADD CONSTRAINT pay_seq CHECK (nextval('s2') > 0)`},
+			want: "%s.payments: constraint pay_seq uses sequence %s.s2, which bench clones only for a column's default"},
 		{name: "operator", setup: []string{`CREATE FUNCTION pos(a numeric, b numeric) RETURNS boolean LANGUAGE sql AS $$SELECT audit_note('op') IS NOT NULL AND a > b$$`,
 			`CREATE OPERATOR >>> (LEFTARG = numeric, RIGHTARG = numeric, FUNCTION = pos)`,
 			`ALTER TABLE payments ADD CONSTRAINT pay_pos CHECK (amount >>> 0)`},
@@ -484,7 +491,12 @@ func TestIsolationRefusesSearchPathChanges(t *testing.T) {
 		setup []string
 		sql   string
 		want  string
+		// syntax: Postgres refuses the statement (a *sink.SQLError), before bench.
+		syntax bool
 	}{
+		{name: "SET", sql: `SET search_path = %s`, want: `syntax error at or near "SET"`, syntax: true},
+		{name: "SET after a statement", sql: `INSERT INTO notes SELECT 'x', event_id FROM events; SET search_path = %s`,
+			want: "cannot insert multiple commands into a prepared statement", syntax: true},
 		{name: "set_config", sql: `INSERT INTO notes SELECT set_config('search_path', '%s', true), event_id FROM events`,
 			want: "handler a calls set_config(), which can change the search_path bench relies on"},
 		{name: "pg_catalog.set_config", sql: `INSERT INTO notes SELECT pg_catalog . set_config('search_path', '%s', false), event_id FROM events`,
@@ -512,7 +524,12 @@ func TestIsolationRefusesSearchPathChanges(t *testing.T) {
 			a, b := sqlHandler(t, "a", sub(tt.sql)), sqlHandler(t, "b", paymentsSQL)
 			iso, err := Isolate(ctx, up, []sink.Handler{a, b}, nil)
 			var re *RefusedError
-			if !errors.As(err, &re) {
+			var se *sink.SQLError
+			if tt.syntax {
+				if !errors.As(err, &se) || !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("Isolate: err = %v, want a *sink.SQLError saying %q", err, tt.want)
+				}
+			} else if !errors.As(err, &re) {
 				t.Errorf("Isolate: err = %v, want a *RefusedError", err)
 			} else if !strings.Contains(err.Error(), sub(tt.want)) {
 				t.Errorf("refusal:\n%v\nwant it to say %q", err, sub(tt.want))
