@@ -23,7 +23,7 @@ type RunResult struct {
 	Name  string `json:"name"`
 	Round int    `json:"round"`
 	// Schema holds onceflow's tables and the Go handlers'; TablesSchema
-	// the clones of the user's tables and sequences (CloneSchema).
+	// the clones of the user's tables and sequences: Schema + "_t".
 	Schema       string `json:"schema"`
 	TablesSchema string `json:"tables_schema"`
 	// Scenario and GroupProtocol: a scenario run's scenario (steady,
@@ -354,7 +354,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 			err = errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
 		}
 	}()
-	r := &RunResult{Name: n, Round: round, Schema: schema, TablesSchema: CloneSchema(schema), Events: len(b.recs.events), Records: len(b.recs.recs)}
+	r := &RunResult{Name: n, Round: round, Schema: schema, TablesSchema: cloneSchema(schema), Events: len(b.recs.events), Records: len(b.recs.recs)}
 	if spec.protocol != "" {
 		r.Scenario, r.GroupProtocol = spec.scenario, string(spec.protocol)
 	}

@@ -18,7 +18,7 @@ import (
 
 // Isolation is how a benchmark keeps off the user's tables: the tables
 // the SQL handlers write, found in their plans, each cloned empty into a
-// schema of the benchmark's own (CloneSchema of the run's schema), which
+// schema of the benchmark's own (cloneSchema of the run's schema), which
 // is first on the search_path of the benchmark's connections, and the
 // user's sequences those tables' defaults and the handlers' SQL call, each
 // cloned there under its name. onceflow's tables are in the run's schema,
@@ -51,10 +51,10 @@ func (e *RefusedError) Error() string {
 		"\n  (bench clones the tables a SQL handler writes, found by their unqualified names, into a schema of its own)"
 }
 
-// CloneSchema is the schema that holds the clones of the user's tables
+// cloneSchema is the schema that holds the clones of the user's tables
 // and sequences for a run whose own schema (onceflow's tables, the Go
 // handlers') is schema. Create makes both; Drop drops both.
-func CloneSchema(schema string) string { return schema + "_t" }
+func cloneSchema(schema string) string { return schema + "_t" }
 
 // Isolate finds the tables hs write and checks that the benchmark can
 // redirect them: every problem is a *RefusedError, naming the tables.
@@ -170,7 +170,7 @@ ORDER BY 1`, t.Sanitize(), t[0], t[1])
 func (iso *Isolation) Tables() []pgx.Identifier { return slices.Clone(iso.tables) }
 
 // Create makes schema, for onceflow's tables and the Go handlers' (the
-// Migrate given to Isolate), and CloneSchema(schema), for the clones of
+// Migrate given to Isolate), and cloneSchema(schema), for the clones of
 // the user's: each written table cloned empty (CREATE TABLE … (LIKE …
 // INCLUDING ALL): columns, defaults, constraints but foreign keys,
 // indexes; an identity column gets a sequence of the clone's) and each
@@ -178,11 +178,11 @@ func (iso *Isolation) Tables() []pgx.Identifier { return slices.Clone(iso.tables
 // with its definition, restarted at its START (the user's current value
 // is not read, nor ever advanced); the clones' defaults call the cloned
 // sequences. Neither schema may exist. It returns a pool of size
-// connections whose search_path begins with CloneSchema(schema), and
+// connections whose search_path begins with cloneSchema(schema), and
 // checks that every SQL handler writes there only; on that error (a
 // *RefusedError) or any other, both schemas are dropped.
 func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *pgxpool.Pool, err error) {
-	clones := CloneSchema(schema)
+	clones := cloneSchema(schema)
 	for _, s := range []string{schema, clones} {
 		if _, err := iso.user.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize()); err != nil {
 			if s == clones {
@@ -275,7 +275,7 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 }
 
 // written returns the tables of a run whose schema Create made that the
-// handlers write, by schema: the clones in CloneSchema(schema), the Go
+// handlers write, by schema: the clones in cloneSchema(schema), the Go
 // handlers' tables in schema (not onceflow's); a schema without any is
 // left out.
 func (iso *Isolation) written(schema string) map[string][]string {
@@ -286,7 +286,7 @@ func (iso *Isolation) written(schema string) map[string][]string {
 	}
 	if len(cs) > 0 {
 		slices.Sort(cs)
-		out[CloneSchema(schema)] = cs
+		out[cloneSchema(schema)] = cs
 	}
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
@@ -311,10 +311,10 @@ WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER 
 	return ts, nil
 }
 
-// Drop drops schema and CloneSchema(schema), and everything in them.
+// Drop drops schema and cloneSchema(schema), and everything in them.
 func (iso *Isolation) Drop(ctx context.Context, schema string) error {
 	if _, err := iso.user.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+", "+
-		pgx.Identifier{CloneSchema(schema)}.Sanitize()+" CASCADE"); err != nil {
+		pgx.Identifier{cloneSchema(schema)}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop schema %s: %w", schema, err)
 	}
 	return nil

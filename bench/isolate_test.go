@@ -124,13 +124,13 @@ func TestIsolationWritesTheCloneNotTheUsersTable(t *testing.T) {
 	}
 	pool.Close()
 	var n int
-	if err := up.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{CloneSchema(schema), "payments"}.Sanitize()).Scan(&n); err != nil || n != 2 {
+	if err := up.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{cloneSchema(schema), "payments"}.Sanitize()).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("bench schema's payments: %d rows (%v), want 2", n, err)
 	}
 	// The clone keeps the columns' constraints.
 	var checks int
 	if err := up.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'c'`,
-		pgx.Identifier{CloneSchema(schema), "payments"}.Sanitize()).Scan(&checks); err != nil || checks != 1 {
+		pgx.Identifier{cloneSchema(schema), "payments"}.Sanitize()).Scan(&checks); err != nil || checks != 1 {
 		t.Fatalf("the clone has %d check constraints (%v), want 1", checks, err)
 	}
 	if after := userRows(t, up, userSchema); strings.Join(after, "\n") != strings.Join(before, "\n") {
@@ -146,8 +146,8 @@ func TestIsolationWritesTheCloneNotTheUsersTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var exists bool
-	if err := up.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname IN ($1, $2))", schema, CloneSchema(schema)).Scan(&exists); err != nil || exists {
-		t.Fatalf("schema %s or %s still exists after Drop (%v)", schema, CloneSchema(schema), err)
+	if err := up.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname IN ($1, $2))", schema, cloneSchema(schema)).Scan(&exists); err != nil || exists {
+		t.Fatalf("schema %s or %s still exists after Drop (%v)", schema, cloneSchema(schema), err)
 	}
 }
 
@@ -200,7 +200,7 @@ INSERT INTO %s_other.payments SELECT event_id FROM events`,
 				}
 				_, err = iso.Create(ctx, us+"_bench", 1)
 				var exists bool
-				if qerr := up.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname IN ($1, $2))", us+"_bench", CloneSchema(us+"_bench")).Scan(&exists); qerr != nil || exists {
+				if qerr := up.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname IN ($1, $2))", us+"_bench", cloneSchema(us+"_bench")).Scan(&exists); qerr != nil || exists {
 					t.Fatalf("a refused Create left schema %s_bench (%v)", us, qerr)
 				}
 			}
@@ -399,7 +399,7 @@ func TestIsolationAcceptsImmutableFunctions(t *testing.T) {
 		t.Fatalf("apply: %v", err)
 	}
 	var n int
-	if err := up.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{CloneSchema(us + "_bench"), "payments"}.Sanitize()+
+	if err := up.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{cloneSchema(us + "_bench"), "payments"}.Sanitize()+
 		" WHERE acct = account AND c = 100").Scan(&n); err != nil || n != 4 {
 		t.Fatalf("the clone has %d rows with the generated column and the default (%v), want 4", n, err)
 	}
@@ -436,7 +436,7 @@ func TestIsolationClonesSequences(t *testing.T) {
 	// handler's and the default's ref_seq from 1000.
 	var ids, nos, refs string
 	if err := up.QueryRow(ctx, "SELECT string_agg(id::text, ',' ORDER BY id), string_agg(no::text, ',' ORDER BY no), string_agg(ref::text || code, ',' ORDER BY ref) FROM "+
-		pgx.Identifier{CloneSchema(us + "_bench"), "pay_serial"}.Sanitize()).Scan(&ids, &nos, &refs); err != nil {
+		pgx.Identifier{cloneSchema(us + "_bench"), "pay_serial"}.Sanitize()).Scan(&ids, &nos, &refs); err != nil {
 		t.Fatal(err)
 	}
 	if ids != "1,2,3,4" || nos != "1,2,3,4" {
@@ -574,7 +574,7 @@ func TestIsolationUserTablesNamedLikeOnceflows(t *testing.T) {
 	sameSnapshot(t, before, snapshot(t, up, us))
 	for _, n := range own {
 		var rows int
-		if err := up.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{CloneSchema(schema), n}.Sanitize()+" WHERE note = 'mine'").Scan(&rows); err != nil || rows != 4 {
+		if err := up.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{cloneSchema(schema), n}.Sanitize()+" WHERE note = 'mine'").Scan(&rows); err != nil || rows != 4 {
 			t.Errorf("the clone of your %s has %d rows (%v), want 4", n, rows, err)
 		}
 	}
@@ -584,7 +584,7 @@ func TestIsolationUserTablesNamedLikeOnceflows(t *testing.T) {
 		schema).Scan(&ok); err != nil || !ok {
 		t.Fatalf("onceflow's dead_letters missing from %s (%v)", schema, err)
 	}
-	if got, want := iso.written(schema), map[string][]string{CloneSchema(schema): slices.Sorted(slices.Values(own))}; fmt.Sprint(got) != fmt.Sprint(want) {
+	if got, want := iso.written(schema), map[string][]string{cloneSchema(schema): slices.Sorted(slices.Values(own))}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("written(%s) = %v, want %v", schema, got, want)
 	}
 }
