@@ -185,10 +185,13 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 	clones := cloneSchema(schema)
 	for _, s := range []string{schema, clones} {
 		if _, err := iso.user.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize()); err != nil {
-			if s == clones {
-				err = errors.Join(err, iso.Drop(context.WithoutCancel(ctx), schema))
+			err = fmt.Errorf("create schema %s: %w", s, err)
+			if s == clones { // schema only: a clones schema that was there is not this run's
+				if _, derr := iso.user.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); derr != nil {
+					err = errors.Join(err, fmt.Errorf("drop schema %s: %w", schema, derr))
+				}
 			}
-			return nil, fmt.Errorf("create schema %s: %w", s, err)
+			return nil, err
 		}
 	}
 	defer func() {

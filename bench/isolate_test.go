@@ -641,3 +641,29 @@ func TestRunIsolatesNamesAndSequences(t *testing.T) {
 		t.Fatalf("%d bench schemas left (%v), want none", left, err)
 	}
 }
+
+// A schema of the clones' name that is there already is not the run's:
+// Create fails and leaves it, and drops the run's schema it made.
+func TestIsolationCreateLeavesASchemaItDidNotMake(t *testing.T) {
+	up, us, _ := userDB(t)
+	ctx := t.Context()
+	schema := us + "_bench"
+	if _, err := up.Exec(ctx, "CREATE SCHEMA "+cloneSchema(schema)+"; CREATE TABLE "+cloneSchema(schema)+".keep (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+cloneSchema(schema)+" CASCADE") })
+	iso, err := Isolate(ctx, up, []sink.Handler{sqlHandler(t, "h", paymentsSQL)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iso.Create(ctx, schema, 1); err == nil || !strings.Contains(err.Error(), "create schema "+cloneSchema(schema)) {
+		t.Fatalf("Create = %v, want it to fail creating %s", err, cloneSchema(schema))
+	}
+	var ours, theirs bool
+	if err := up.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL", schema, cloneSchema(schema)+".keep").Scan(&ours, &theirs); err != nil {
+		t.Fatal(err)
+	}
+	if ours || !theirs {
+		t.Fatalf("after a failed Create: %s exists %v (want false), %s.keep exists %v (want true)", schema, ours, cloneSchema(schema), theirs)
+	}
+}
