@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/migrate"
@@ -77,7 +78,8 @@ func cloneSchema(schema string) string { return schema + "_t" }
 //     search_path;
 //   - a statement that calls nextval, setval or currval with a sequence
 //     named with its schema ('public.seq') or at run time (not a
-//     literal);
+//     literal), or a function of the user's that calls nextval or
+//     setval (in it or in one it calls);
 //   - two written tables, or two cloned sequences, of one name in
 //     different schemas;
 //
@@ -111,7 +113,11 @@ func Isolate(ctx context.Context, user *pgxpool.Pool, hs []sink.Handler, m migra
 			continue
 		}
 		iso.sql = append(iso.sql, sh)
-		ts, err := sh.Writes(ctx, user)
+		ts, err := sh.Writes(ctx, readOnly{user})
+		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "25006" { // read_only_sql_transaction
+			ps = append(ps, fmt.Sprintf("handler %s: Postgres, planning its statement, had to write (%s): an IMMUTABLE function of yours that the statement or a written table's default calls with constant arguments (computed while planning) writes or calls nextval or setval", sh.Name(), pe.Message))
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -259,7 +265,7 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 		return nil, fmt.Errorf("connect to the bench schema: %w", err)
 	}
 	for _, h := range iso.sql {
-		ts, err := h.Writes(ctx, pool)
+		ts, err := h.Writes(ctx, readOnly{pool})
 		if err != nil {
 			pool.Close()
 			return nil, err
@@ -323,6 +329,18 @@ func (iso *Isolation) Drop(ctx context.Context, schema string) error {
 	return nil
 }
 
+// readOnly begins READ ONLY transactions, for the plans of the handlers'
+// statements (sink.SQLHandler.Writes): planning computes the IMMUTABLE
+// functions a statement calls with constant arguments, and the defaults
+// of the table it writes, and one that calls nextval or setval then fails
+// instead of advancing a sequence of the user's (what else it writes is
+// rolled back).
+type readOnly struct{ *pgxpool.Pool }
+
+func (r readOnly) Begin(ctx context.Context) (pgx.Tx, error) {
+	return r.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+}
+
 // name is a table's schema.name as the user wrote it, unquoted.
 func name(t pgx.Identifier) string { return strings.Join(t, ".") }
 
@@ -349,6 +367,10 @@ type userFuncs struct {
 	// search_path, the role or the session's authorization, or calls a
 	// function of the user's that does.
 	setsPath []bool
+	// advancesSeq: the function calls nextval or setval (which Postgres
+	// allows a function that is not volatile), or calls one of the user's
+	// that does: a sequence named in a body is not redirected.
+	advancesSeq []bool
 	// callsVolatile: the function is volatile or calls one of the user's
 	// that is, or calls one that does: the name of that one, or "".
 	callsVolatile []string
@@ -367,6 +389,8 @@ var (
 	// is not SET ROLE).
 	setsPathSQL = regexp.MustCompile(`(?i)\bset_config"?\s*\(|\bset\s+(?:(?:local|session)\s+)?(?:search_path\b|role\s+[^=\s]|session\s+authorization\b)|\breset\s+(?:search_path|role|session\s+authorization|all)\b`)
 	executeSQL  = regexp.MustCompile(`(?i)\bexecute\b`)
+	// advancesSeqSQL is a call of nextval or setval in a body.
+	advancesSeqSQL = regexp.MustCompile(`(?i)(?:^|[^\w$])"?(?:nextval|setval)"?\s*\(`)
 )
 
 // loadFuncs reads the user's functions and works out what each may do.
@@ -386,7 +410,7 @@ ORDER BY 2, 3, 1`)
 	if err != nil {
 		return nil, fmt.Errorf("read functions: %w", err)
 	}
-	u := &userFuncs{fs: fs, re: make([]*regexp.Regexp, len(fs)), lower: make([]string, len(fs)), setsPath: make([]bool, len(fs)),
+	u := &userFuncs{fs: fs, re: make([]*regexp.Regexp, len(fs)), lower: make([]string, len(fs)), setsPath: make([]bool, len(fs)), advancesSeq: make([]bool, len(fs)),
 		callsVolatile: make([]string, len(fs)), unsafe: make([]string, len(fs))}
 	for i, f := range fs {
 		prefix := `"?` + regexp.QuoteMeta(f.Schema) + `"?\s*\.\s*`
@@ -400,6 +424,7 @@ ORDER BY 2, 3, 1`)
 	for i, f := range fs {
 		calls[i] = u.called(f.Body)
 		u.setsPath[i] = setsPathSQL.MatchString(f.Body)
+		u.advancesSeq[i] = advancesSeqSQL.MatchString(f.Body)
 		if f.Volatility == "v" {
 			u.callsVolatile[i] = f.Schema + "." + f.Name
 		}
@@ -412,6 +437,8 @@ ORDER BY 2, 3, 1`)
 			u.unsafe[i] = "an IMMUTABLE function of yours that runs dynamic SQL (EXECUTE)"
 		case u.setsPath[i]:
 			u.unsafe[i] = "an IMMUTABLE function of yours that can change the search_path bench relies on"
+		case u.advancesSeq[i]:
+			u.unsafe[i] = "an IMMUTABLE function of yours that calls nextval or setval, which advance a sequence of yours"
 		}
 	}
 	// What a function calls, it may do: until nothing changes.
@@ -421,6 +448,9 @@ ORDER BY 2, 3, 1`)
 			for _, j := range calls[i] {
 				if u.setsPath[j] && !u.setsPath[i] {
 					u.setsPath[i], changed = true, true
+				}
+				if u.advancesSeq[j] && !u.advancesSeq[i] {
+					u.advancesSeq[i], changed = true, true
 				}
 				if u.callsVolatile[j] != "" && u.callsVolatile[i] == "" {
 					u.callsVolatile[i], changed = fs[j].Schema+"."+fs[j].Name, true
@@ -467,6 +497,8 @@ func (u *userFuncs) handlerProblems(handler, sql string) []string {
 			ps = append(ps, fmt.Sprintf("handler %s calls %s(), a volatile function of yours, which may write to any table", handler, fn))
 		case u.setsPath[i]:
 			ps = append(ps, fmt.Sprintf("handler %s calls %s(), a function of yours that can change the search_path bench relies on (set_config, SET or RESET, in it or in what it calls)", handler, fn))
+		case u.advancesSeq[i]:
+			ps = append(ps, fmt.Sprintf("handler %s calls %s(), a function of yours that calls nextval or setval (in it or in what it calls): bench cannot redirect a sequence a function names, and it would advance yours", handler, fn))
 		case u.callsVolatile[i] != "":
 			ps = append(ps, fmt.Sprintf("handler %s calls %s(), a function of yours that calls %s(), a volatile one, which may write to any table", handler, fn, u.callsVolatile[i]))
 		}

@@ -336,6 +336,16 @@ func TestIsolationRefusesFunctionsInTheClonesExpressions(t *testing.T) {
 			want: "%s.payments: the domain %s.note_t of column n (its default) calls %s.audit_note(), a function of yours that is not IMMUTABLE"},
 		{name: "sequence in a check", setup: []string{`CREATE SEQUENCE s2`, `ALTER TABLE payments ADD CONSTRAINT pay_seq CHECK (nextval('s2') > 0)`},
 			want: "%s.payments: constraint pay_seq uses sequence %s.s2, which bench clones only for a column's default"},
+		{name: "nextval in an immutable function", setup: []string{`CREATE SEQUENCE s3`,
+			`CREATE FUNCTION next3() RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$BEGIN RETURN nextval('s3'); END$$`,
+			`ALTER TABLE payments ADD COLUMN n3 bigint DEFAULT next3()`},
+			// Postgres computes the default while planning: bench's plan
+			// of the statement, in a read-only transaction, fails.
+			want: "handler h: Postgres, planning its statement, had to write (cannot execute nextval() in a read-only transaction)"},
+		{name: "nextval in an immutable function called with a column", setup: []string{`CREATE SEQUENCE s4`,
+			`CREATE FUNCTION next4(a text) RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$BEGIN RETURN nextval('s4'); END$$`,
+			`ALTER TABLE payments ADD COLUMN n4 bigint GENERATED ALWAYS AS (next4(account)) STORED`},
+			want: "%s.payments: generated column n4 calls %s.next4(), an IMMUTABLE function of yours that calls nextval or setval"},
 		{name: "operator", setup: []string{`CREATE FUNCTION pos(a numeric, b numeric) RETURNS boolean LANGUAGE sql AS $$SELECT audit_note('op') IS NOT NULL AND a > b$$`,
 			`CREATE OPERATOR >>> (LEFTARG = numeric, RIGHTARG = numeric, FUNCTION = pos)`,
 			`ALTER TABLE payments ADD CONSTRAINT pay_pos CHECK (amount >>> 0)`},
@@ -447,12 +457,13 @@ func TestIsolationClonesSequences(t *testing.T) {
 	}
 }
 
-// A sequence named with its schema cannot be redirected: refused, and
-// nothing is written.
+// A sequence named with its schema, at run time or in a function cannot
+// be redirected: refused, and nothing is written.
 func TestIsolationRefusesQualifiedSequences(t *testing.T) {
 	up, us, _ := userDB(t)
 	ctx := t.Context()
-	if _, err := up.Exec(ctx, `CREATE SEQUENCE ref_seq; ALTER TABLE payments ADD COLUMN ref bigint`); err != nil {
+	if _, err := up.Exec(ctx, `CREATE SEQUENCE ref_seq; ALTER TABLE payments ADD COLUMN ref bigint;
+CREATE FUNCTION next_ref() RETURNS bigint LANGUAGE sql STABLE AS $$SELECT nextval('ref_seq')$$`); err != nil {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct{ name, sql, want string }{
@@ -460,6 +471,8 @@ func TestIsolationRefusesQualifiedSequences(t *testing.T) {
 			"handler h calls nextval('%s.ref_seq'): a sequence named with its schema"},
 		{"at run time", `INSERT INTO payments (event_id, account, amount, ref) SELECT event_id, 'a', 1, nextval(('ref' || '_seq')::regclass) FROM events`,
 			"handler h calls nextval() with a sequence it names at run time"},
+		{"in a function of yours", `INSERT INTO payments (event_id, account, amount, ref) SELECT event_id, 'a', 1, next_ref() FROM events`,
+			"handler h calls %s.next_ref(), a function of yours that calls nextval or setval"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			sub := func(s string) string { return strings.ReplaceAll(s, "%s", us) }
