@@ -20,9 +20,12 @@ import (
 type RunResult struct {
 	// Name is the scenario's or the baseline's, suffixed with the group
 	// protocol when Config.GroupProtocols has several (steady-consumer).
-	Name   string `json:"name"`
-	Round  int    `json:"round"`
-	Schema string `json:"schema"`
+	Name  string `json:"name"`
+	Round int    `json:"round"`
+	// Schema holds onceflow's tables and the Go handlers'; TablesSchema
+	// the clones of the user's tables and sequences: Schema + "_t".
+	Schema       string `json:"schema"`
+	TablesSchema string `json:"tables_schema"`
 	// Scenario and GroupProtocol: a scenario run's scenario (steady,
 	// storm, replay) and its members' group protocol.
 	Scenario      string `json:"scenario,omitempty"`
@@ -376,7 +379,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		return nil, err
 	}
 	b.mu.Lock()
-	b.schemas = append(b.schemas, schema)
+	b.schemas = append(b.schemas, schema, cloneSchema(schema))
 	b.mu.Unlock()
 	defer pool.Close()
 	defer func() {
@@ -384,7 +387,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 			err = errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
 		}
 	}()
-	r := &RunResult{Name: n, Round: round, Schema: schema, Events: len(b.recs.events), Records: len(b.recs.recs)}
+	r := &RunResult{Name: n, Round: round, Schema: schema, TablesSchema: cloneSchema(schema), Events: len(b.recs.events), Records: len(b.recs.recs)}
 	if spec.protocol != "" {
 		r.Scenario, r.GroupProtocol = spec.scenario, string(spec.protocol)
 	}
@@ -492,9 +495,13 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 
 	r.Seconds = el.Seconds()
 	r.EventsPerSec = float64(r.Events) / r.Seconds
-	written := b.iso.writtenTables()
-	if r.Tables, err = effects(ctx, pool, schema, written); err != nil {
-		return nil, err
+	r.Tables = map[string]TableState{}
+	for sch, ts := range b.iso.written(schema) {
+		st, err := effects(ctx, pool, sch, ts)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(r.Tables, st)
 	}
 	ref := b.ref
 	if n == EffectsOnly && b.ref == nil {

@@ -142,12 +142,12 @@ func TestCheckSeesDoubles(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		for _, r := range res.Runs {
-			_, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+r.Schema+" CASCADE")
+			_, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+r.Schema+", "+r.TablesSchema+" CASCADE")
 		}
 	})
 	ref := res.Runs[0].Tables
-	schema := res.Runs[1].Schema
-	pay := pgx.Identifier{schema, "payments"}.Sanitize()
+	schema, tables := res.Runs[1].Schema, res.Runs[1].TablesSchema
+	pay := pgx.Identifier{tables, "payments"}.Sanitize()
 	for _, q := range []string{
 		"INSERT INTO " + pay + " SELECT * FROM " + pay + " LIMIT 1",
 		"DELETE FROM " + pgx.Identifier{schema, "processed_events"}.Sanitize() + " WHERE event_id = (SELECT event_id FROM " + pay + " ORDER BY event_id LIMIT 1)",
@@ -156,7 +156,7 @@ func TestCheckSeesDoubles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := effects(ctx, up, schema, []string{"payments"})
+	got, err := effects(ctx, up, tables, []string{"payments"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestCheckSeesDoubles(t *testing.T) {
 	if _, err := up.Exec(ctx, "UPDATE "+pay+" SET amount = amount + 1 WHERE ctid = (SELECT min(ctid) FROM "+pay+")"); err != nil {
 		t.Fatal(err)
 	}
-	got, _ = effects(ctx, up, schema, []string{"payments"})
+	got, _ = effects(ctx, up, tables, []string{"payments"})
 	ps, _ = check(ctx, up, schema, []string{"payments"}, 50, false, got, ref)
 	if len(ps) != 1 || !strings.Contains(ps[0], "other contents than effects-only wrote") {
 		t.Fatalf("check after a changed row = %q", ps)

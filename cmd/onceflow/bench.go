@@ -90,12 +90,15 @@ delivered again (same id and payload), a third of those on another partition.
 
 Your tables are never written: each run has a schema of its own
 (<--bench-schema>_<random>_<run>_r<round>, e.g.
-onceflow_bench_1a2b3c4d_steady_r1) holding empty clones of the tables the SQL handlers
-write (CREATE TABLE … (LIKE … INCLUDING ALL)), first on the search_path of
-the benchmark's connections, with onceflow's tables and the Go handlers'.
-When a handler's writes cannot be redirected there (a schema-qualified
-table, a trigger, a rule, a volatile function of yours) bench refuses and
-names them. The schemas are dropped at the end; --keep leaves them.
+onceflow_bench_1a2b3c4d_steady_r1) with onceflow's tables and the Go
+handlers', and beside it <that>_t holding empty clones of the tables the SQL
+handlers write (CREATE TABLE … (LIKE … INCLUDING ALL)) and of the sequences
+they use, first on the search_path of the benchmark's connections. When a
+handler's writes cannot be redirected there (a schema-qualified table or
+sequence, a trigger, a rule, a volatile function of yours, set_config, a
+default, check or index calling a function of yours that is not IMMUTABLE)
+bench refuses and names them. The schemas are dropped at the end; --keep
+leaves them.
 
 Kafka: an embedded kfake by default. --brokers alone uses the config's
 kafka.brokers (over kafka.tls and kafka.sasl), --brokers=HOST:PORT,...

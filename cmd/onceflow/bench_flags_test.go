@@ -193,7 +193,7 @@ SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp"
 		t.Errorf("progress lacks the interrupted run:\n%s", stderr.String())
 	}
 	all := stderr.String() + out.String()
-	for _, run := range []string{"effects_only_r1", "steady_r1"} {
+	for _, run := range []string{"effects_only_r1, ", "effects_only_r1_t", "steady_r1, ", "steady_r1_t"} { // each run's and its clones'
 		if !strings.Contains(all, "kept schemas: ") || !strings.Contains(all, run) {
 			t.Errorf("output lacks the kept schema of %s:\n%s", run, all)
 		}
