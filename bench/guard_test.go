@@ -242,3 +242,45 @@ func TestIsolationNamesRulesAndViews(t *testing.T) {
 		}
 	}
 }
+
+
+// BenchmarkGuard is the table guard's query, run once a batch: in a
+// transaction that wrote 1000 rows to a clone, with 30 tables of the
+// user's besides the other tables of the test database (logged).
+func BenchmarkGuard(b *testing.B) {
+	up, us, _ := userDB(b)
+	ctx := b.Context()
+	for i := range 30 {
+		if _, err := up.Exec(ctx, fmt.Sprintf("CREATE TABLE t%d (id bigint PRIMARY KEY, v text)", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	iso, err := Isolate(ctx, up, []sink.Handler{sqlHandler(b, "payments", paymentsSQL)}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	schema := us + "_guard"
+	pool, err := iso.Create(ctx, schema, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = iso.Drop(context.Background(), schema) })
+	defer pool.Close()
+	g := iso.guard(schema)
+	b.Logf("the guard covers %d tables", len(g.tables))
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "INSERT INTO payments (event_id, account, amount) SELECT gen_random_uuid(), 'a', 1 FROM generate_series(1, 1000)"); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if ts, err := g.wrote(ctx, tx); err != nil || len(ts) > 0 {
+			b.Fatalf("wrote: %v %v", ts, err)
+		}
+	}
+}
+
