@@ -50,7 +50,8 @@ func (e *WroteError) Error() string {
 // user's tables and sequences as they were when the schemas were made.
 // Tables created later are not covered. Safe for concurrent use.
 type runGuard struct {
-	tables []uint32           // every ordinary and partitioned table (partitions too) outside the run's schemas and Postgres' own
+	tables  []uint32          // every ordinary and partitioned table (partitions too) outside the run's schemas and Postgres' own
+	oids    string            // tables as an oid[] literal: a text argument, whatever the connections' exec mode
 	seqs    map[string]*int64 // the user's sequences' last values (nil: never called), by name
 	schemas []string          // whose sequences are in seqs, with the search_path's
 }
@@ -72,6 +73,14 @@ WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspnam
 	if g.tables, err = pgx.CollectRows(rows, pgx.RowTo[uint32]); err != nil {
 		return nil, fmt.Errorf("list your tables: %w", err)
 	}
+	var lit strings.Builder
+	for i, o := range g.tables {
+		if i > 0 {
+			lit.WriteByte(',')
+		}
+		fmt.Fprint(&lit, o)
+	}
+	g.oids = "{" + lit.String() + "}"
 	g.schemas = schemas
 	if g.seqs, err = lastValues(ctx, db, schemas); err != nil {
 		return nil, err
@@ -113,11 +122,11 @@ SELECT name, pg_sequence_last_value(oid) FROM readable`, benchSchemaComment, sch
 // only a writer takes (TRUNCATE, which the counters do not see, ALTER,
 // and an INSERT, UPDATE, DELETE or MERGE that changed no row).
 const guardSQL = `WITH hit(o) AS (
-    SELECT o FROM unnest($1::oid[]) o
+    SELECT o FROM unnest($1::text::oid[]) o
     WHERE pg_stat_get_xact_tuples_inserted(o) + pg_stat_get_xact_tuples_updated(o) + pg_stat_get_xact_tuples_deleted(o) > 0
   UNION
     SELECT l.relation FROM pg_locks l
-    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation = ANY ($1::oid[])
+    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation = ANY ($1::text::oid[])
       AND l.mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
 )
 SELECT format('%s.%s', n.nspname, c.relname) FROM hit JOIN pg_class c ON c.oid = hit.o JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1`
@@ -125,7 +134,7 @@ SELECT format('%s.%s', n.nspname, c.relname) FROM hit JOIN pg_class c ON c.oid =
 // wrote returns the user's tables tx has written so far (guardSQL): one
 // query.
 func (g *runGuard) wrote(ctx context.Context, tx pgx.Tx) ([]string, error) {
-	rows, err := tx.Query(ctx, guardSQL, g.tables)
+	rows, err := tx.Query(ctx, guardSQL, g.oids)
 	if err != nil {
 		return nil, err
 	}

@@ -243,7 +243,6 @@ func TestIsolationNamesRulesAndViews(t *testing.T) {
 	}
 }
 
-
 // BenchmarkGuard is the table guard's query, run once a batch: in a
 // transaction that wrote 1000 rows to a clone, with 30 tables of the
 // user's besides the other tables of the test database (logged).
@@ -283,4 +282,3 @@ func BenchmarkGuard(b *testing.B) {
 		}
 	}
 }
-
