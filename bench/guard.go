@@ -50,7 +50,7 @@ func (e *WroteError) Error() string {
 // user's tables and sequences as they were when the schemas were made.
 // Tables created later are not covered. Safe for concurrent use.
 type runGuard struct {
-	tables  []uint32          // every ordinary and partitioned table (partitions too) outside the run's schemas and Postgres' own
+	tables  []uint32          // every ordinary and partitioned table (partitions too) outside the benchmarks' schemas and Postgres' own
 	oids    string            // tables as an oid[] literal: a text argument, whatever the connections' exec mode
 	seqs    map[string]*int64 // the user's sequences' last values (nil: never called), by name
 	schemas []string          // whose sequences are in seqs, with the search_path's

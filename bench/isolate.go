@@ -66,7 +66,9 @@ func cloneSchema(schema string) string { return schema + "_t" }
 // redirect them: every problem is a *RefusedError, naming the tables.
 // It refuses
 //   - a written table that has a trigger or a rule (either may write
-//     elsewhere, and a clone has neither);
+//     elsewhere, and a clone has neither); a statement that writes a
+//     view or a table with a rule is refused before its plan, naming the
+//     view or the rule;
 //   - a written table whose default, generated column, constraint,
 //     index (its expressions and predicate), extended statistics (which
 //     ANALYZE computes) or column's domain calls a
@@ -199,7 +201,9 @@ func (iso *Isolation) Tables() []pgx.Identifier { return slices.Clone(iso.tables
 // sequences. Neither schema may exist. It returns a pool of size
 // connections whose search_path begins with cloneSchema(schema), and
 // checks that every SQL handler writes there only; on that error (a
-// *RefusedError) or any other, both schemas are dropped.
+// *RefusedError) or any other, both schemas are dropped. It marks both
+// (benchSchemaComment) and reads the guard of the run (Isolation.guard):
+// the user's tables and sequences as they are then.
 func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *pgxpool.Pool, err error) {
 	clones := cloneSchema(schema)
 	for _, s := range []string{schema, clones} {
