@@ -81,6 +81,9 @@ func baseline(ctx context.Context, pool *pgxpool.Pool, schema string, hs []sink.
 				continue
 			}
 			if err := h.Apply(ctx, tx, s.evs); err != nil {
+				if we := (*WroteError)(nil); errors.As(err, &we) {
+					return err // the handler is named; no event is to blame
+				}
 				err = fmt.Errorf("handler %s: %w", h.Name(), err)
 				if sink.IsTransient(err) || ctx.Err() != nil {
 					return err

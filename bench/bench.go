@@ -256,6 +256,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if b.recs, err = records(s, cfg.Topic, cfg.Consumer.Decode); err != nil {
 		return nil, err
 	}
+	if err := b.iso.probe(ctx, b.recs.events); err != nil {
+		return nil, err
+	}
 	batch := cfg.Consumer.BatchMaxRecords
 	if batch == 0 {
 		batch = 1000 // processor.DefaultBatchMaxRecords
@@ -427,8 +430,12 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		}
 		b.line.set("  %s: %d unique events, %d per transaction, %d writers", label, len(b.recs.events), batch, b.cfg.PoolSize)
 		r.Records = len(b.recs.events)
+		hs = guardHandlers(hs, b.iso.guard(schema), nil)
 		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
 			b.failed(ctx, label)
+			if we := (*WroteError)(nil); errors.As(err, &we) {
+				return nil, fmt.Errorf("%s: %w", n, we)
+			}
 			var ee *eventError
 			if errors.As(err, &ee) {
 				return nil, fmt.Errorf("%s: the payload of %s does not apply: %s: %w (the baseline applies the payloads directly: they must apply without error)",
@@ -482,6 +489,9 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		stop = time.Now()
 	}
 	stopProfile()
+	if err := b.iso.unmoved(ctx, schema); err != nil {
+		return nil, fmt.Errorf("%s: %w", n, err)
+	}
 	r.PeakRSSMiB = peakRSSMiB()
 	if cps >= 0 {
 		after, err := checkpoints(ctx, b.cfg.Pool)

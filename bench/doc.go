@@ -18,7 +18,13 @@
 //     (CREATE TABLE … (LIKE … INCLUDING ALL)) and first on the handlers'
 //     search_path, with onceflow's own tables beside them; when the
 //     handlers' writes cannot be redirected there, the benchmark refuses
-//     and names the tables. The user's tables are never written;
+//     and names the tables; a read-only probe of each SQL handler's
+//     statement, and in every transaction a guard of the user's tables
+//     ([WroteError]), stop what reaches them by another path (a view, a
+//     function, an operator, a policy). The user's tables are never
+//     written (a write is rolled back and ends the benchmark); a
+//     sequence of the user's moved on a path the probe did not take is
+//     named, not undone;
 //   - the baselines and the scenarios ([Run]), each checked from the
 //     tables: every handler claimed every unique event once, no dead
 //     letter, and the written tables hold what the effects-only baseline

@@ -37,7 +37,8 @@ type Isolation struct {
 	migrate    migrate.Func
 
 	mu       sync.Mutex
-	goTables []string // the Go handlers' tables, set by Create
+	goTables []string             // the Go handlers' tables, set by Create
+	guards   map[string]*runGuard // by the schema Create made, until Drop
 }
 
 // RefusedError is a benchmark that cannot keep off the user's tables: it
@@ -52,6 +53,10 @@ func (e *RefusedError) Error() string {
 		"\n  (bench clones the tables a SQL handler writes, found by their unqualified names, into a schema of its own)"
 }
 
+// benchSchemaComment marks the schemas Create makes, so that a run's
+// guard leaves out every benchmark's, at once or kept.
+const benchSchemaComment = "onceflow bench: a run's schema, dropped at its end"
+
 // cloneSchema is the schema that holds the clones of the user's tables
 // and sequences for a run whose own schema (onceflow's tables, the Go
 // handlers') is schema. Create makes both; Drop drops both.
@@ -61,7 +66,9 @@ func cloneSchema(schema string) string { return schema + "_t" }
 // redirect them: every problem is a *RefusedError, naming the tables.
 // It refuses
 //   - a written table that has a trigger or a rule (either may write
-//     elsewhere, and a clone has neither);
+//     elsewhere, and a clone has neither); a statement that writes a
+//     view or a table with a rule is refused before its plan, naming the
+//     view or the rule;
 //   - a written table whose default, generated column, constraint,
 //     index (its expressions and predicate), extended statistics (which
 //     ANALYZE computes) or column's domain calls a
@@ -113,6 +120,14 @@ func Isolate(ctx context.Context, user *pgxpool.Pool, hs []sink.Handler, m migra
 			continue
 		}
 		iso.sql = append(iso.sql, sh)
+		rps, err := rewrittenTargets(ctx, user, sh.Name(), sh.SQL())
+		if err != nil {
+			return nil, err
+		}
+		if len(rps) > 0 { // its plan would name the tables behind them, or fail
+			ps = append(ps, rps...)
+			continue
+		}
 		ts, err := sh.Writes(ctx, readOnly{user})
 		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "25006" { // read_only_sql_transaction
 			ps = append(ps, fmt.Sprintf("handler %s: Postgres, planning its statement, had to write (%s): an IMMUTABLE function of yours that the statement or a written table's default calls with constant arguments (computed while planning) writes or calls nextval or setval", sh.Name(), pe.Message))
@@ -186,11 +201,15 @@ func (iso *Isolation) Tables() []pgx.Identifier { return slices.Clone(iso.tables
 // sequences. Neither schema may exist. It returns a pool of size
 // connections whose search_path begins with cloneSchema(schema), and
 // checks that every SQL handler writes there only; on that error (a
-// *RefusedError) or any other, both schemas are dropped.
+// *RefusedError) or any other, both schemas are dropped. It marks both
+// (benchSchemaComment) and reads the guard of the run (Isolation.guard):
+// the user's tables and sequences as they are then.
 func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *pgxpool.Pool, err error) {
 	clones := cloneSchema(schema)
 	for _, s := range []string{schema, clones} {
-		if _, err := iso.user.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize()); err != nil {
+		// One transaction (the simple protocol's): a schema of a run is
+		// never seen without its mark.
+		if _, err := iso.user.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize()+"; COMMENT ON SCHEMA "+pgx.Identifier{s}.Sanitize()+" IS "+quoteLiteral(benchSchemaComment)); err != nil {
 			err = fmt.Errorf("create schema %s: %w", s, err)
 			if s == clones { // schema only: a clones schema that was there is not this run's
 				if _, derr := iso.user.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); derr != nil {
@@ -251,8 +270,20 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 	if len(ps) > 0 {
 		return nil, &RefusedError{Problems: ps}
 	}
+	var written []string
+	for _, t := range iso.tables {
+		written = append(written, t[0])
+	}
+	g, err := newRunGuard(ctx, iso.user, written)
+	if err != nil {
+		return nil, err
+	}
 	iso.mu.Lock()
 	iso.goTables = goTables
+	if iso.guards == nil {
+		iso.guards = map[string]*runGuard{}
+	}
+	iso.guards[schema] = g
 	iso.mu.Unlock()
 	pc := iso.user.Config().Copy()
 	pc.MaxConns = int32(max(size, 1))
@@ -281,6 +312,24 @@ func (iso *Isolation) Create(ctx context.Context, schema string, size int) (_ *p
 		return nil, &RefusedError{Problems: ps}
 	}
 	return pool, nil
+}
+
+// guard returns the guard of the run whose schema Create made: the
+// user's tables and sequences as they were then (nil after Drop).
+func (iso *Isolation) guard(schema string) *runGuard {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	return iso.guards[schema]
+}
+
+// unmoved checks that no sequence of the user's moved since Create made
+// schema (runGuard.moved).
+func (iso *Isolation) unmoved(ctx context.Context, schema string) error {
+	g := iso.guard(schema)
+	if g == nil {
+		return nil
+	}
+	return g.moved(ctx, iso.user)
 }
 
 // written returns the tables of a run whose schema Create made that the
@@ -322,6 +371,9 @@ WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER 
 
 // Drop drops schema and cloneSchema(schema), and everything in them.
 func (iso *Isolation) Drop(ctx context.Context, schema string) error {
+	iso.mu.Lock()
+	delete(iso.guards, schema)
+	iso.mu.Unlock()
 	if _, err := iso.user.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+", "+
 		pgx.Identifier{cloneSchema(schema)}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop schema %s: %w", schema, err)
@@ -614,6 +666,51 @@ WITH RECURSIVE cols(col, typ) AS (
 )
 `
 
+// writeTarget is a relation a statement writes: the name after INSERT
+// INTO, UPDATE, DELETE FROM or MERGE INTO, with its schema if any.
+var writeTarget = regexp.MustCompile(`(?i)(?:^|[^\w$."])(?:insert\s+into|update|delete\s+from|merge\s+into)\s+(?:only\s+)?((?:"(?:[^"]|"")+"|[\pL_][\w$]*)(?:\s*\.\s*(?:"(?:[^"]|"")+"|[\pL_][\w$]*))?)`)
+
+// rewrittenTargets are the problems of the relations a handler's
+// statement writes that Postgres rewrites into writes elsewhere: a view
+// (its rule, or its INSTEAD OF trigger, writes the tables behind it) and
+// a table with a rule on INSERT, UPDATE or DELETE (DO ALSO or DO
+// INSTEAD), each named with its rules. A clone has no rule, and a view is
+// not cloned. A word that is not a relation is left to the plan.
+func rewrittenTargets(ctx context.Context, db *pgxpool.Pool, handler, sql string) ([]string, error) {
+	var ps []string
+	seen := map[string]bool{}
+	for _, m := range writeTarget.FindAllStringSubmatch(sql, -1) {
+		if seen[m[1]] {
+			continue
+		}
+		seen[m[1]] = true
+		var rel, kind string
+		var rules []string
+		err := db.QueryRow(ctx, `SELECT format('%s.%s', c.relnamespace::regnamespace, c.relname), c.relkind::text,
+  coalesce((SELECT array_agg(format('%s (ON %s DO %s)', r.rulename,
+      CASE r.ev_type WHEN '2' THEN 'UPDATE' WHEN '3' THEN 'INSERT' ELSE 'DELETE' END,
+      CASE WHEN r.is_instead THEN 'INSTEAD' ELSE 'ALSO' END) ORDER BY r.rulename)
+    FROM pg_rewrite r WHERE r.ev_class = c.oid AND r.ev_type IN ('2', '3', '4')), '{}')
+FROM pg_class c WHERE c.oid = to_regclass($1)`, m[1]).Scan(&rel, &kind, &rules)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) {
+			continue // not a name Postgres parses (a word of a string): left to the plan
+		}
+		if err != nil {
+			return nil, fmt.Errorf("handler %s: find %s: %w", handler, m[1], err)
+		}
+		switch {
+		case kind == "v":
+			ps = append(ps, fmt.Sprintf("handler %s writes %s, a view: bench clones tables, not views, and the view would write the tables behind it (write the table itself)", handler, rel))
+		case len(rules) > 0:
+			ps = append(ps, fmt.Sprintf("handler %s writes %s, which has rule %s: a rule may write elsewhere (a clone would not have it)", handler, rel, strings.Join(rules, ", ")))
+		}
+	}
+	return ps, nil
+}
+
 // sequenceCall is a call of nextval, setval or currval in SQL, with its
 // first argument when that is a string literal.
 var sequenceCall = regexp.MustCompile(`(?i)(?:^|[^\w$.])(?:"?pg_catalog"?\s*\.\s*)?"?(nextval|setval|currval)"?\s*\(\s*(?:'((?:[^']|'')*)')?`)
@@ -652,9 +749,18 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_r
 	return seqs, ps, nil
 }
 
+// querier is a *pgxpool.Pool or a pgx.Tx (Begin: a savepoint): a
+// temporary clone is made in the transaction of one connection.
+type querier interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // cloneSequence creates to with from's definition (type, increment,
 // bounds, start, cache, cycle), at its start.
-func cloneSequence(ctx context.Context, db *pgxpool.Pool, from, to pgx.Identifier) error {
+func cloneSequence(ctx context.Context, db querier, from, to pgx.Identifier) error {
 	var def string
 	if err := db.QueryRow(ctx, `SELECT format('AS %s INCREMENT BY %s MINVALUE %s MAXVALUE %s START WITH %s CACHE %s %s',
   s.seqtypid::regtype, s.seqincrement, s.seqmin, s.seqmax, s.seqstart, s.seqcache, CASE WHEN s.seqcycle THEN 'CYCLE' ELSE 'NO CYCLE' END)
@@ -670,7 +776,7 @@ FROM pg_sequence s WHERE s.seqrelid = $1::regclass`, from.Sanitize()).Scan(&def)
 // redirectDefaults makes the defaults of clone (in schema clones) that
 // call one of the user's sequences call its clone, of the same name in
 // clones (cloneSequence), instead.
-func redirectDefaults(ctx context.Context, db *pgxpool.Pool, clone pgx.Identifier, clones string) error {
+func redirectDefaults(ctx context.Context, db querier, clone pgx.Identifier, clones string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("redirect the defaults of %s: %w", name(clone), err)

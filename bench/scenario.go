@@ -170,6 +170,18 @@ type groupRun struct {
 	r        *RunResult
 	st       *groupStats
 	own      *owners
+	// wrote holds the first *WroteError of the members' handlers (stop):
+	// consume ends the run with it. Made by consume; size 1.
+	wrote chan error
+}
+
+// stop ends the run with err, the first a handler's guard met: the
+// members' transactions are rolled back meanwhile, never committed.
+func (g *groupRun) stop(err error) {
+	select {
+	case g.wrote <- err:
+	default: // one is there already
+	}
 }
 
 // starter starts members of g's group, counting their batches in g.st
@@ -183,6 +195,7 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 		if g.kafka.topic != b.cfg.Topic {
 			hs = topicAs(hs, b.cfg.Topic)
 		}
+		hs = guardHandlers(hs, b.iso.guard(g.schema), g.stop)
 		cc := members.Tuned(b.cfg.Consumer)
 		cc.ClientID, cc.GroupProtocol, cc.InstanceID = name, g.protocol, ""
 		if g.static {
@@ -441,6 +454,9 @@ func (b *benchRun) stormWait(t *time.Ticker, committed *atomic.Int64, at int64, 
 // storm's goroutine has returned, when consume returns. It returns with
 // an error when ctx ends or nothing is committed for stallAfter.
 func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, error) {
+	if g.wrote == nil {
+		g.wrote = make(chan error, 1)
+	}
 	grp := members.NewGroup(b.starter(g))
 	defer func() {
 		_ = grp.StopAll()
@@ -487,6 +503,8 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 		select {
 		case <-ctx.Done():
 			return 0, time.Time{}, ctx.Err()
+		case err := <-g.wrote:
+			return 0, time.Time{}, err
 		case <-tick.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)

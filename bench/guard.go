@@ -1,0 +1,308 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/sink"
+)
+
+// What Isolate checks is static: it reads the handlers' statements and the
+// written tables, and cannot follow every path a statement takes (a view
+// that calls a function of the user's, an operator, an aggregate or a
+// cast whose function writes, a row-level security policy). Three checks
+// hold whatever the path:
+//   - the probe (Isolation.probe), before anything is produced, runs each
+//     SQL handler's statement over a few of the run's events in a READ
+//     ONLY transaction whose written tables are temporary clones, and
+//     rolls it back: Postgres refuses there any write to a table that is
+//     not temporary and nextval or setval of a sequence that is not;
+//   - the table guard (runGuard.wrote), in every transaction a run
+//     applies the handlers in, after each handler's Apply and before the
+//     COMMIT: Postgres' counters of the transaction's writes, and the
+//     locks it holds, over the user's tables;
+//   - the sequences' last values before and after each run
+//     (runGuard.moved): a sequence is not transactional, so a path the
+//     probe did not take is detected, not prevented.
+
+// WroteError is a run that a handler's transaction wrote, or took a
+// writer's lock on, a table outside the benchmark's schemas: bench rolled
+// that transaction back (nothing of it was kept) and ended the run.
+type WroteError struct {
+	Handler string
+	Tables  []string // schema.name, unquoted
+}
+
+func (e *WroteError) Error() string {
+	return fmt.Sprintf("handler %s wrote your table %s (through a view, a function, an operator, an aggregate, a cast or a policy its statement reaches): bench stopped and rolled that transaction back; nothing of it was kept",
+		e.Handler, strings.Join(e.Tables, ", "))
+}
+
+// runGuard is what one run (the schemas Create made) checks against: the
+// user's tables and sequences as they were when the schemas were made.
+// Tables created later are not covered. Safe for concurrent use.
+type runGuard struct {
+	tables  []uint32          // every ordinary and partitioned table (partitions too) outside the benchmarks' schemas and Postgres' own
+	oids    string            // tables as an oid[] literal: a text argument, whatever the connections' exec mode
+	seqs    map[string]*int64 // the user's sequences' last values (nil: never called), by name
+	schemas []string          // whose sequences are in seqs, with the search_path's
+}
+
+// newRunGuard reads the tables outside Postgres' own schemas and the
+// benchmarks' (benchSchemaComment: this run's and any other's), and the
+// sequences of the schemas on the user's search_path and of schemas (the
+// written tables'): those of other schemas move with the other sessions
+// of the database, which bench cannot tell from its own. A sequence the
+// user may not read is left out.
+func newRunGuard(ctx context.Context, db *pgxpool.Pool, schemas []string) (*runGuard, error) {
+	rows, err := db.Query(ctx, `SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+  AND coalesce(obj_description(n.oid, 'pg_namespace'), '') <> $1`, benchSchemaComment)
+	if err != nil {
+		return nil, fmt.Errorf("list your tables: %w", err)
+	}
+	g := &runGuard{}
+	if g.tables, err = pgx.CollectRows(rows, pgx.RowTo[uint32]); err != nil {
+		return nil, fmt.Errorf("list your tables: %w", err)
+	}
+	var lit strings.Builder
+	for i, o := range g.tables {
+		if i > 0 {
+			lit.WriteByte(',')
+		}
+		fmt.Fprint(&lit, o)
+	}
+	g.oids = "{" + lit.String() + "}"
+	g.schemas = schemas
+	if g.seqs, err = lastValues(ctx, db, schemas); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// lastValues reads the last value of every sequence of schemas and of the
+// schemas on db's search_path, but Postgres' own and the benchmarks'.
+func lastValues(ctx context.Context, db *pgxpool.Pool, schemas []string) (map[string]*int64, error) {
+	rows, err := db.Query(ctx, `WITH s AS MATERIALIZED (
+  SELECT c.oid, format('%s.%s', n.nspname, c.relname) AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE c.relkind = 'S' AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+    AND coalesce(obj_description(n.oid, 'pg_namespace'), '') <> $1
+    AND (n.nspname = ANY (current_schemas(false)) OR n.nspname = ANY ($2))
+), readable AS MATERIALIZED (SELECT * FROM s WHERE has_sequence_privilege(s.oid, 'SELECT'))
+SELECT name, pg_sequence_last_value(oid) FROM readable`, benchSchemaComment, schemas)
+	if err != nil {
+		return nil, fmt.Errorf("read your sequences: %w", err)
+	}
+	type seq struct {
+		Name string
+		Last *int64
+	}
+	ss, err := pgx.CollectRows(rows, pgx.RowToStructByPos[seq])
+	if err != nil {
+		return nil, fmt.Errorf("read your sequences: %w", err)
+	}
+	out := make(map[string]*int64, len(ss))
+	for _, s := range ss {
+		out[s.Name] = s.Last
+	}
+	return out, nil
+}
+
+// guardSQL names the tables of $1 that the transaction wrote (Postgres'
+// counters of its inserts, updates and deletes, which count what
+// functions, views, rules and policies did too) or holds a lock on that
+// only a writer takes (TRUNCATE, which the counters do not see, ALTER,
+// and an INSERT, UPDATE, DELETE or MERGE that changed no row).
+const guardSQL = `WITH hit(o) AS (
+    SELECT o FROM unnest($1::text::oid[]) o
+    WHERE pg_stat_get_xact_tuples_inserted(o) + pg_stat_get_xact_tuples_updated(o) + pg_stat_get_xact_tuples_deleted(o) > 0
+  UNION
+    SELECT l.relation FROM pg_locks l
+    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation = ANY ($1::text::oid[])
+      AND l.mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+)
+SELECT format('%s.%s', n.nspname, c.relname) FROM hit JOIN pg_class c ON c.oid = hit.o JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1`
+
+// wrote returns the user's tables tx has written so far (guardSQL): one
+// query.
+func (g *runGuard) wrote(ctx context.Context, tx pgx.Tx) ([]string, error) {
+	rows, err := tx.Query(ctx, guardSQL, g.oids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// moved returns an error naming each of the user's sequences whose last
+// value is not what it was when the guard was made.
+func (g *runGuard) moved(ctx context.Context, db *pgxpool.Pool) error {
+	now, err := lastValues(ctx, db, g.schemas)
+	if err != nil {
+		return err
+	}
+	var ms []string
+	for _, n := range slices.Sorted(maps.Keys(g.seqs)) {
+		was := g.seqs[n]
+		is, ok := now[n]
+		if !ok || (was == nil && is == nil) || (was != nil && is != nil && *was == *is) {
+			continue // dropped, or unmoved
+		}
+		ms = append(ms, fmt.Sprintf("%s moved from %s to %s", n, lastValue(was), lastValue(is)))
+	}
+	if len(ms) > 0 {
+		return fmt.Errorf("your sequence %s during the run: a handler's statement reached nextval or setval on a path the probe did not take (or another session of yours called it); a sequence cannot be rolled back, so bench stopped", strings.Join(ms, ", "))
+	}
+	return nil
+}
+
+func lastValue(v *int64) string {
+	if v == nil {
+		return "never called"
+	}
+	return fmt.Sprint(*v)
+}
+
+// guardHandlers wraps hs so that, after each one's Apply in a
+// transaction, g checks it wrote none of the user's tables; when it did,
+// Apply returns a *WroteError (the Writer rolls the transaction back, and
+// retries: the error is neither transient nor data, so nothing is
+// dead-lettered) and calls stop with it, when not nil, to end the run.
+// What each of hs implements of sink.TopicFilter is kept.
+func guardHandlers(hs []sink.Handler, g *runGuard, stop func(error)) []sink.Handler {
+	out := make([]sink.Handler, len(hs))
+	for i, h := range hs {
+		gh := guarded{Handler: h, g: g, stop: stop}
+		if f, ok := h.(sink.TopicFilter); ok {
+			out[i] = filteredGuarded{gh, f}
+		} else {
+			out[i] = gh
+		}
+	}
+	return out
+}
+
+type guarded struct {
+	sink.Handler
+	g    *runGuard
+	stop func(error)
+}
+
+func (h guarded) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	if err := h.Handler.Apply(ctx, tx, events); err != nil {
+		return err
+	}
+	ts, err := h.g.wrote(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("check that handler %s wrote none of your tables: %w", h.Name(), err)
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	werr := &WroteError{Handler: h.Name(), Tables: ts}
+	if h.stop != nil {
+		h.stop(werr)
+	}
+	return werr
+}
+
+type filteredGuarded struct {
+	guarded
+	f sink.TopicFilter
+}
+
+func (h filteredGuarded) Consumes(topic string) bool { return h.f.Consumes(topic) }
+
+// probeEvents is how many of the run's events the probe applies.
+const probeEvents = 16
+
+// probe runs each SQL handler's statement once over up to probeEvents of
+// evs (those of topics it consumes), on one connection of the user's, in
+// a transaction that it makes READ ONLY after cloning the written tables
+// and their sequences as temporary ones (first on the search_path), and
+// rolls back. Postgres refuses there a write to any table or nextval or
+// setval of any sequence that is not temporary, whatever the path
+// (SECURITY DEFINER functions included): a refusal is a *RefusedError
+// naming the handler. Another failure of the statement is left to the
+// runs, which say it with the payload. Paths the sample does not take are
+// not probed.
+func (iso *Isolation) probe(ctx context.Context, evs []sink.Event) error {
+	var ps []string
+	for _, h := range iso.sql {
+		var sample []sink.Event
+		for _, e := range evs {
+			if len(sample) == probeEvents {
+				break
+			}
+			if h.Consumes(e.Topic) {
+				sample = append(sample, e)
+			}
+		}
+		if len(sample) == 0 {
+			continue
+		}
+		refused, err := iso.probeOne(ctx, h, sample)
+		if err != nil {
+			return err
+		}
+		if refused != "" {
+			ps = append(ps, fmt.Sprintf("handler %s, run over %d of the run's events in a read-only transaction whose written tables were temporary clones, had to write outside them (%s): a view, function, operator, aggregate, cast or policy its statement reaches writes a table of yours or advances a sequence of yours",
+				h.Name(), len(sample), refused))
+		}
+	}
+	if len(ps) > 0 {
+		return &RefusedError{Problems: ps}
+	}
+	return nil
+}
+
+// probeOne is probe of one handler: Postgres' message when it refused a
+// write, "" when not.
+func (iso *Isolation) probeOne(ctx context.Context, h *sink.SQLHandler, sample []sink.Event) (string, error) {
+	conn, err := iso.user.Acquire(ctx)
+	if err != nil {
+		return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // only ever rolled back
+	for _, s := range iso.seqs {
+		if err := cloneSequence(ctx, tx, s, pgx.Identifier{"pg_temp", s[1]}); err != nil {
+			return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
+		}
+	}
+	for _, t := range iso.tables {
+		clone := pgx.Identifier{"pg_temp", t[1]}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING ALL)", clone.Sanitize(), t.Sanitize())); err != nil {
+			return "", fmt.Errorf("probe handler %s: clone %s: %w", h.Name(), name(t), err)
+		}
+		if err := redirectDefaults(ctx, tx, clone, "pg_temp"); err != nil {
+			return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
+		}
+	}
+	// After the clones: redirectDefaults sets its own search_path.
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path TO pg_temp, "+iso.searchPath); err != nil {
+		return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
+	}
+	if _, err := tx.Exec(ctx, "SET TRANSACTION READ ONLY"); err != nil {
+		return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
+	}
+	err = h.Apply(ctx, tx, sample)
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "25006" { // read_only_sql_transaction
+		return pe.Message, nil
+	}
+	if ctx.Err() != nil {
+		return "", ctx.Err()
+	}
+	return "", nil
+}
