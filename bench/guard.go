@@ -253,8 +253,7 @@ func (iso *Isolation) probe(ctx context.Context, evs []sink.Event) error {
 			return err
 		}
 		if refused != "" {
-			ps = append(ps, fmt.Sprintf("handler %s, run over %d of the run's events in a read-only transaction whose written tables were temporary clones, had to write outside them (%s): a view, function, operator, aggregate, cast or policy its statement reaches writes a table of yours or advances a sequence of yours",
-				h.Name(), len(sample), refused))
+			ps = append(ps, refused)
 		}
 	}
 	if len(ps) > 0 {
@@ -263,8 +262,9 @@ func (iso *Isolation) probe(ctx context.Context, evs []sink.Event) error {
 	return nil
 }
 
-// probeOne is probe of one handler: Postgres' message when it refused a
-// write, "" when not.
+// probeOne is probe of one handler: the problem, naming the handler, when
+// its plan writes a table outside the temporary clones (a schema-qualified
+// name) or Postgres refused a write; "" when not.
 func (iso *Isolation) probeOne(ctx context.Context, h *sink.SQLHandler, sample []sink.Event) (string, error) {
 	conn, err := iso.user.Acquire(ctx)
 	if err != nil {
@@ -294,12 +294,22 @@ func (iso *Isolation) probeOne(ctx context.Context, h *sink.SQLHandler, sample [
 	if _, err := tx.Exec(ctx, "SET LOCAL search_path TO pg_temp, "+iso.searchPath); err != nil {
 		return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
 	}
+	ts, err := h.Writes(ctx, tx)
+	if err != nil {
+		return "", err
+	}
+	for _, t := range ts {
+		if !strings.HasPrefix(t[0], "pg_temp") {
+			return fmt.Sprintf("handler %s still writes %s, outside the bench schema: a schema-qualified name (write it unqualified: search_path decides where)", h.Name(), name(t)), nil
+		}
+	}
 	if _, err := tx.Exec(ctx, "SET TRANSACTION READ ONLY"); err != nil {
 		return "", fmt.Errorf("probe handler %s: %w", h.Name(), err)
 	}
 	err = h.Apply(ctx, tx, sample)
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "25006" { // read_only_sql_transaction
-		return pe.Message, nil
+		return fmt.Sprintf("handler %s, run over %d of the run's events in a read-only transaction whose written tables were temporary clones, had to write outside them (%s): a view, function, operator, aggregate, cast or policy its statement reaches writes a table of yours or advances a sequence of yours",
+			h.Name(), len(sample), pe.Message), nil
 	}
 	if ctx.Err() != nil {
 		return "", ctx.Err()
