@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +42,56 @@ func TestValidateListsEveryProblem(t *testing.T) {
 			t.Errorf("no ConfigError for field %s in %v", f, err)
 		}
 	}
+}
+
+// Values that would crash or hang a run are refused by Validate and by
+// Generate: NaN and infinite shares, a stream too big to hold, more
+// partitions than MaxPartitions, a schema prefix Postgres keeps.
+func TestValidateRefusesWhatWouldCrash(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		c    Config
+		want string
+	}{
+		{"NaN duplicates", Config{Duplicates: math.NaN()}, "Duplicates NaN: a share from 0 to 1"},
+		{"+Inf duplicates", Config{Duplicates: math.Inf(1)}, "Duplicates +Inf: a share from 0 to 1"},
+		{"-Inf duplicates", Config{Duplicates: math.Inf(-1)}, "Duplicates -Inf: a share from 0 to 1"},
+		{"a trillion events", Config{Events: 1_000_000_000_000, Duplicates: 0.3}, "Events 1000000000000: with Duplicates 0.3, 1300000000000 records: at most 10000000 records"},
+		{"duplicates push it over", Config{Events: 8_000_000, Duplicates: 0.3}, "Events 8000000: with Duplicates 0.3, 10400000 records"},
+		{"partitions", Config{Partitions: MaxPartitions + 1}, "Partitions 1001: at most 1000"},
+		{"pg_ schema", Config{Schema: "pg_x"}, `Schema "pg_x": lower-case letters, digits and _ only, starting with a letter, at most 30, not pg_`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ps := flagsProblems(tt.c)
+			if len(ps) != 1 || !strings.Contains(ps[0].Error(), tt.want) {
+				t.Fatalf("Validate: %v\nwant one problem saying %q", ps, tt.want)
+			}
+		})
+	}
+	for _, ok := range []Config{{Events: 7_000_000, Duplicates: 0.3}, {Partitions: MaxPartitions}, {Schema: "pgx_bench"}} {
+		if ps := flagsProblems(ok); len(ps) > 0 {
+			t.Errorf("Validate: %v, want none", ps)
+		}
+	}
+	p, err := ParseSample([]byte(`{"a": 1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []GenerateConfig{{Events: 10, Duplicates: math.NaN(), Partitions: 1}, {Events: 1_000_000_000_000, Partitions: 1}} {
+		if _, err := Generate(p, c); err == nil {
+			t.Errorf("Generate(%+v) made a stream; want an error", c)
+		}
+	}
+}
+
+// flagsProblems are c.Validate's problems but those of the fields only a
+// configuration gives (Pool, Handlers, Payloads, Topic).
+func flagsProblems(c Config) []error {
+	ps := Problems(c.Validate())
+	return slices.DeleteFunc(ps, func(p error) bool {
+		var ce *ConfigError
+		return errors.As(p, &ce) && slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic"}, ce.Field)
+	})
 }
 
 // A change whose two seconds before were a stall is measured against the

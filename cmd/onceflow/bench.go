@@ -127,9 +127,11 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f := cmd.Flags()
 	f.StringVar(&o.sample, "sample", "", "payloads: a file of JSON lines, used in turn")
 	f.StringVar(&o.template, "template", "", "payloads: a JSON template ({{int 1 100}}, {{decimal 0.01 999.99 2}}, ...; see --help)")
-	f.IntVar(&o.events, "events", 100000, "unique events per run")
+	f.IntVar(&o.events, "events", 100000, fmt.Sprintf("unique events per run; with --duplicates' redeliveries at most %d records, "+
+		"since the stream is held in memory for the whole run (about %d bytes a record besides its payload, and the embedded kfake holds the topic too)",
+		bench.MaxRecords, bench.RecordBytes))
 	f.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries per event, 0 to 1")
-	f.IntVar(&o.partitions, "partitions", 12, "partitions of the benchmark's topic")
+	f.IntVar(&o.partitions, "partitions", 12, fmt.Sprintf("partitions of the benchmark's topic, at most %d", bench.MaxPartitions))
 	f.IntVar(&o.members, "members", 3, "group members at once")
 	f.StringSliceVar(&o.scenarios, "scenarios", []string{bench.Steady, bench.Storm, bench.Replay}, "scenarios: steady, storm, replay")
 	f.IntVar(&o.rounds, "rounds", 1, "run everything this many times and report the median")
@@ -157,7 +159,7 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
 	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json, results.md and the throughput plots")
 	f.StringVar(&o.compare, "compare", "", "an earlier results.json: print the difference")
-	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas")
+	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas: lower-case letters, digits and _, at most 30, not pg_")
 	return cmd
 }
 
@@ -239,8 +241,8 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	for _, p := range bench.Problems(early.Validate()) {
 		var ce *bench.ConfigError
-		if errors.As(p, &ce) && slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic", "GroupProtocols",
-			"Events", "Partitions", "Members", "Rounds", "StormChanges", "PoolSize"}, ce.Field) {
+		if errors.As(p, &ce) && (slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic", "GroupProtocols"}, ce.Field) ||
+			slices.Contains([]string{"Events", "Partitions", "Members", "Rounds", "StormChanges", "PoolSize"}, ce.Field) && ce.Problem == "at least 1") {
 			continue // checked above, or once the config is loaded
 		}
 		ps = append(ps, flagProblem(p))
@@ -417,10 +419,7 @@ func flagProblem(err error) error {
 	if !ok {
 		return err
 	}
-	if ce.Value != "" {
-		return fmt.Errorf("%s %s: %s", name, ce.Value, ce.Problem)
-	}
-	// A sentence naming its fields: each said by its flag.
+	// The problem's words that name fields are said by their flags.
 	words := strings.Fields(ce.Problem)
 	for i, w := range words {
 		core := strings.TrimRight(strings.TrimLeft(w, "("), "):,")
@@ -429,6 +428,9 @@ func flagProblem(err error) error {
 		}
 	}
 	msg := strings.Join(words, " ")
+	if ce.Value != "" {
+		return fmt.Errorf("%s %s: %s", name, ce.Value, msg)
+	}
 	if ce.Field == "Topic" {
 		msg = "no topic: give --topic or kafka.topics"
 	}
