@@ -169,6 +169,13 @@ var benchBinds = slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool
 
 func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	var ps []error
+	// Without a config there are only the demo's Go handlers (the
+	// registry's defaults), which parse the demo's orders: on a user's
+	// payloads they would fail after the stream is produced, naming no
+	// sample line.
+	if file, _ := cmd.Flags().GetString("config"); file == "" {
+		ps = append(ps, errors.New("no --config: bench measures a config's handlers on your payloads (benchmarks/demo.yaml is the demo's, for benchmarks/orders.jsonl)"))
+	}
 	switch {
 	case o.sample == "" && o.template == "":
 		ps = append(ps, errors.New("no payloads: give --sample FILE.jsonl or --template FILE.json"))

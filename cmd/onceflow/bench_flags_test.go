@@ -27,6 +27,7 @@ func TestBenchFlagsAllNamed(t *testing.T) {
 			[]string{"no payloads", "--events 0: at least 1", "--duplicates 5: a share from 0 to 1", "--storm-every -1s: not negative",
 				`--bench-schema "BAD"`, `--cpuprofile-of "zz"`, `--scenarios "nope"`, "--pool 0: at least 1", "--members 0: at least 1"}},
 		{"empty scenarios", []string{"--sample", "x.jsonl", "--scenarios", ""}, []string{"--scenarios: none given"}},
+		{"no config", []string{"--config", "", "--sample", "x.jsonl"}, []string{"no --config: bench measures a config's handlers"}},
 		{"values that would crash or hang", []string{"--duplicates", "NaN", "--partitions", "100000", "--bench-schema", "pg_x"},
 			[]string{"--duplicates NaN: a share from 0 to 1", "--partitions 100000: at most 1000", `--bench-schema "pg_x"`, "not pg_"}},
 		{"a stream too big to hold", []string{"--events", "1000000000000"},
