@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/onceflow/onceflow/processor"
 )
 
 // WriteTable writes res's summary as a table, then the price of
@@ -301,38 +304,58 @@ func ReadResults(path string) (*Results, error) {
 // Compare writes, per scenario and baseline in either, the old and new
 // rate and the change; then the price of exactly-once in both, and the
 // settings that differ (a comparison across them measures those too).
+// Runs are paired by what they measured: the baseline, or the scenario
+// under its group protocol in its format. A run named without a protocol
+// (one protocol ran) is so paired with the other side's run of that
+// protocol (steady with steady-classic), and the pairing is said. The
+// scenario lists are compared; the storm's settings only when both ran a
+// storm.
 func Compare(w io.Writer, old, cur *Results) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "run\tbefore events/s\tnow events/s\tchange\t\n")
-	seen := map[string]bool{}
-	get := func(r *Results, n string) (float64, bool) {
+	oldKeys, curKeys := lineKeys(old), lineKeys(cur)
+	rate := func(r *Results, keys map[string]runKey, k runKey) (string, float64, bool) {
 		for _, l := range r.Summary {
-			if l.Name == n {
-				return l.EventsPerSec, true
+			if keys[l.Name] == k {
+				return l.Name, l.EventsPerSec, true
 			}
 		}
-		return 0, false
+		return "", 0, false
 	}
-	for _, rs := range []*Results{cur, old} {
-		for _, l := range rs.Summary {
-			if seen[l.Name] {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "run\tbefore events/s\tnow events/s\tchange\t\n")
+	seen := map[runKey]bool{}
+	var paired []string
+	for _, side := range []struct {
+		r    *Results
+		keys map[string]runKey
+	}{{cur, curKeys}, {old, oldKeys}} {
+		for _, l := range side.r.Summary {
+			k := side.keys[l.Name]
+			if seen[k] {
 				continue
 			}
-			seen[l.Name] = true
-			a, okA := get(old, l.Name)
-			b, okB := get(cur, l.Name)
+			seen[k] = true
+			na, a, okA := rate(old, oldKeys, k)
+			nb, b, okB := rate(cur, curKeys, k)
 			switch {
 			case okA && okB && a > 0:
-				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%+.1f %%\t\n", l.Name, a, b, 100*(b/a-1))
+				name := nb
+				if na != nb {
+					name = nb + " / " + na
+					paired = append(paired, fmt.Sprintf("%s now with %s before (both %s)", nb, na, k.protocol))
+				}
+				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%+.1f %%\t\n", name, a, b, 100*(b/a-1))
 			case okB:
-				fmt.Fprintf(tw, "%s\t-\t%.0f\t\t\n", l.Name, b)
+				fmt.Fprintf(tw, "%s\t-\t%.0f\t\t\n", nb, b)
 			default:
-				fmt.Fprintf(tw, "%s\t%.0f\t-\t\t\n", l.Name, a)
+				fmt.Fprintf(tw, "%s\t%.0f\t-\t\t\n", na, a)
 			}
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(paired) > 0 {
+		fmt.Fprintf(w, "paired by scenario and group protocol: %s\n", strings.Join(paired, "; "))
 	}
 	fmt.Fprintf(w, "before: %s\nnow:    %s\n", old.PriceLine(), cur.PriceLine())
 	a, b := old.Settings, cur.Settings
@@ -341,6 +364,10 @@ func Compare(w io.Writer, old, cur *Results) error {
 		if fmt.Sprint(x) != fmt.Sprint(y) {
 			diff = append(diff, fmt.Sprintf("%s %v → %v", k, x, y))
 		}
+	}
+	sa, sb := scenarios(oldKeys, old), scenarios(curKeys, cur)
+	if !slices.Equal(sa, sb) {
+		diff = append(diff, fmt.Sprintf("scenarios %s → %s", orDash(strings.Join(sa, ", ")), orDash(strings.Join(sb, ", "))))
 	}
 	add("payloads", a.Payloads, b.Payloads)
 	add("events", a.Events, b.Events)
@@ -352,14 +379,60 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("pool", a.PoolSize, b.PoolSize)
 	add("kafka", a.Kafka, b.Kafka)
 	add("handlers", a.Handlers, b.Handlers)
-	add("storm_changes", a.StormChanges, b.StormChanges)
-	add("storm_every_s", a.StormEvery, b.StormEvery)
+	if slices.Contains(sa, Storm) && slices.Contains(sb, Storm) { // a run without a storm has no storm settings
+		add("storm_changes", a.StormChanges, b.StormChanges)
+		add("storm_every_s", a.StormEvery, b.StormEvery)
+		add("instance_id", a.InstanceID, b.InstanceID)
+	}
 	add("group_protocols", a.GroupProtocols, b.GroupProtocols)
-	add("instance_id", a.InstanceID, b.InstanceID)
 	add("checkpoint", a.Checkpoint, b.Checkpoint)
 	add("formats", a.Formats, b.Formats)
 	if len(diff) > 0 {
 		fmt.Fprintf(w, "settings that differ: %s\n", strings.Join(diff, ", "))
 	}
 	return nil
+}
+
+// runKey is what a summary line measured: a baseline (its name alone), or
+// a scenario under a group protocol in a format ("" for JSON).
+type runKey struct{ scenario, protocol, format string }
+
+// lineKeys says what each of r's summary lines measured, from its runs'
+// fields, or, in a results.json whose runs lack them, from its name
+// (steady, steady-consumer, steady-avro): a name without a protocol is
+// of the one r ran, else the default (classic).
+func lineKeys(r *Results) map[string]runKey {
+	protocol := string(processor.DefaultGroupProtocol)
+	if len(r.Settings.GroupProtocols) == 1 {
+		protocol = r.Settings.GroupProtocols[0]
+	}
+	keys := map[string]runKey{}
+	for _, l := range r.Summary {
+		k := runKey{scenario: l.Name}
+		if i := slices.IndexFunc(r.Runs, func(run RunResult) bool { return run.Name == l.Name }); i >= 0 && r.Runs[i].Scenario != "" {
+			run := r.Runs[i]
+			k = runKey{scenario: run.Scenario, protocol: cmp.Or(run.GroupProtocol, protocol), format: run.Format}
+		} else if sc, rest, _ := strings.Cut(l.Name, "-"); slices.Contains([]string{Steady, Storm, Replay}, sc) {
+			k = runKey{scenario: sc, protocol: protocol}
+			switch rest {
+			case string(processor.ClassicProtocol), string(processor.ConsumerProtocol):
+				k.protocol = rest
+			default:
+				k.format = rest
+			}
+		}
+		keys[l.Name] = k
+	}
+	return keys
+}
+
+// scenarios are the scenarios of r's lines (not the baselines), in order.
+func scenarios(keys map[string]runKey, r *Results) []string {
+	var out []string
+	for _, l := range r.Summary {
+		if k := keys[l.Name]; k.protocol != "" && !slices.Contains(out, k.scenario) {
+			out = append(out, k.scenario)
+		}
+	}
+	return out
 }

@@ -214,6 +214,52 @@ func TestCompareAndPriceLine(t *testing.T) {
 	}
 }
 
+// Compare says a changed scenario list, compares the storm's settings
+// only when both ran a storm, and pairs a run named without a protocol
+// with the other side's run of that protocol, saying so; from the runs'
+// fields, or from the names alone in a results.json without them.
+func TestCompareScenariosAndProtocols(t *testing.T) {
+	all := &Results{Settings: Settings{StormChanges: 12, GroupProtocols: []string{"classic"}},
+		Summary: []Line{{Name: EffectsOnly, EventsPerSec: 200}, {Name: "steady", EventsPerSec: 100}, {Name: "storm", EventsPerSec: 80}, {Name: "replay", EventsPerSec: 90}}}
+	steadyOnly := &Results{Settings: Settings{GroupProtocols: []string{"classic"}},
+		Summary: []Line{{Name: EffectsOnly, EventsPerSec: 200}, {Name: "steady", EventsPerSec: 110}}}
+	var b bytes.Buffer
+	if err := Compare(&b, all, steadyOnly); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); !strings.Contains(got, "scenarios steady, storm, replay → steady") || strings.Contains(got, "storm_changes") {
+		t.Errorf("Compare:\n%s\nwant the scenario lists' difference and no storm_changes", got)
+	}
+	stormy := &Results{Settings: Settings{StormChanges: 4, GroupProtocols: []string{"classic"}}, Summary: []Line{{Name: "storm", EventsPerSec: 80}}}
+	b.Reset()
+	if err := Compare(&b, all, stormy); err != nil || !strings.Contains(b.String(), "storm_changes 12 → 4") {
+		t.Errorf("Compare: %v\n%s\nwant storm_changes 12 → 4", err, b.String())
+	}
+
+	both := &Results{Settings: Settings{GroupProtocols: []string{"classic", "consumer"}},
+		Summary: []Line{{Name: "steady-classic", EventsPerSec: 100}, {Name: "steady-consumer", EventsPerSec: 120}}}
+	withRuns := *both
+	withRuns.Runs = []RunResult{{Name: "steady-classic", Scenario: Steady, GroupProtocol: "classic"}, {Name: "steady-consumer", Scenario: Steady, GroupProtocol: "consumer"}}
+	classic := &Results{Settings: Settings{GroupProtocols: []string{"classic"}}, Summary: []Line{{Name: "steady", EventsPerSec: 150}},
+		Runs: []RunResult{{Name: "steady", Scenario: Steady, GroupProtocol: "classic"}}}
+	for name, old := range map[string]*Results{"by the runs": &withRuns, "by the names": both} {
+		b.Reset()
+		if err := Compare(&b, old, classic); err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(strings.Fields(b.String()), " ") // the table's columns aligned or not
+		for _, w := range []string{"steady / steady-classic 100 150 +50.0 %", "steady-consumer 120 -",
+			"paired by scenario and group protocol: steady now with steady-classic before (both classic)"} {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: Compare:\n%s\nwant %q", name, got, w)
+			}
+		}
+		if strings.Contains(got, "scenarios") {
+			t.Errorf("%s: Compare:\n%s\nsays the scenarios differ; both ran steady", name, got)
+		}
+	}
+}
+
 // Plots of an earlier run in --out that this run does not make are
 // removed: the folder shows one run.
 func TestWriteFilesRemovesOldPlots(t *testing.T) {
