@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/processor"
 )
@@ -214,9 +214,35 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	id := make([]byte, 4)
-	_, _ = rand.Read(id)
-	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: hex.EncodeToString(id)}
+	// The run's lock and its marker schema before anything else of its
+	// own exists (see runLock): a later run tells what a killed one left.
+	lock, err := lockRun(ctx, cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, lock.release(context.WithoutCancel(ctx))) }()
+	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: lock.id}
+	marker := pgx.Identifier{markerSchema(cfg.Schema, b.id)}.Sanitize()
+	if _, err := cfg.Pool.Exec(ctx, "CREATE SCHEMA "+marker); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", marker, err)
+	}
+	defer func() {
+		if _, derr := cfg.Pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+marker); derr != nil {
+			err = errors.Join(err, fmt.Errorf("drop schema %s: %w", marker, derr))
+		}
+	}()
+	left, err := FindLeftovers(ctx, cfg, b.id, cfg.DropLeftovers)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case left.Empty():
+	case cfg.DropLeftovers:
+		fmt.Fprintf(cfg.Progress, "onceflow bench: dropped what earlier runs left (killed, or kept with --keep): %s\n", left)
+	default:
+		fmt.Fprintf(cfg.Progress, "onceflow bench: left by earlier runs that no running bench holds (killed, or kept with --keep): %s; "+
+			"--drop-leftovers drops them, as does:\n  %s\n", left, strings.Join(left.Commands(), "\n  "))
+	}
 	res = &Results{Started: time.Now().UTC()}
 	defer func() {
 		if res != nil {
@@ -242,7 +268,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.kafka, err = openKafka(ctx, cfg); err != nil {
+	if b.kafka, err = openKafka(ctx, cfg, b.id); err != nil {
 		return nil, err
 	}
 	defer func() {

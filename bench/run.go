@@ -134,6 +134,11 @@ type Config struct {
 	// after the run.
 	Schema string
 	Keep   bool
+	// DropLeftovers drops, at the start, the schemas (and with Brokers
+	// the topics) that earlier runs with this Schema and Topic left and
+	// no running bench holds (FindLeftovers); without it they are listed
+	// on Progress with the commands that drop them.
+	DropLeftovers bool
 	// NoRawCopy skips the raw-copy baseline; effects-only always runs
 	// (it is the reference the runs' tables are checked against).
 	NoRawCopy bool
