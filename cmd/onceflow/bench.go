@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,6 +53,7 @@ type benchOptions struct {
 	out              string
 	compare          string
 	schema           string
+	dropLeftovers    bool
 }
 
 // brokersFromConfig is --brokers given alone: the config's kafka.brokers.
@@ -159,6 +163,8 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
 	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json, results.md and the throughput plots")
 	f.StringVar(&o.compare, "compare", "", "an earlier results.json: print the difference")
+	f.BoolVar(&o.dropLeftovers, "drop-leftovers", false, "drop, at the start, the schemas of --bench-schema (with --brokers, the topics <topic>-bench-*) "+
+		"that killed runs left and no running bench holds; without --sample or --template, drop them and stop")
 	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas: lower-case letters, digits and _, at most 30, not pg_")
 	return cmd
 }
@@ -169,14 +175,18 @@ var benchBinds = slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool
 
 func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	var ps []error
+	// --drop-leftovers alone drops what killed runs left, and runs
+	// nothing: it needs the database (and the brokers), no payloads.
+	dropOnly := o.dropLeftovers && o.sample == "" && o.template == ""
 	// Without a config there are only the demo's Go handlers (the
 	// registry's defaults), which parse the demo's orders: on a user's
 	// payloads they would fail after the stream is produced, naming no
 	// sample line.
-	if file, _ := cmd.Flags().GetString("config"); file == "" {
+	if file, _ := cmd.Flags().GetString("config"); file == "" && !dropOnly {
 		ps = append(ps, errors.New("no --config: bench measures a config's handlers on your payloads (benchmarks/demo.yaml is the demo's, for benchmarks/orders.jsonl)"))
 	}
 	switch {
+	case dropOnly:
 	case o.sample == "" && o.template == "":
 		ps = append(ps, errors.New("no payloads: give --sample FILE.jsonl or --template FILE.json"))
 	case o.sample != "" && o.template != "":
@@ -257,9 +267,11 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// --out and --compare before the run, which may take minutes: the
 	// earlier results are read now, before this run's overwrite them in
 	// the same --out.
-	created, err := usableDir(o.out)
-	if err != nil {
-		ps = append(ps, err)
+	var created string
+	if !dropOnly {
+		if created, err = usableDir(o.out); err != nil {
+			ps = append(ps, err)
+		}
 	}
 	var old *bench.Results
 	if o.compare != "" {
@@ -268,26 +280,18 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			ps = append(ps, fmt.Errorf("--compare: %w", err))
 		}
 	}
-	if err := errors.Join(ps...); err != nil {
-		if created {
-			_ = os.Remove(o.out) // made empty just now: a refused run leaves nothing
+	// A run that writes nothing to --out leaves no directory it made.
+	defer func() {
+		if created != "" {
+			removeEmptyDirs(o.out, created)
 		}
+	}()
+	if err := errors.Join(ps...); err != nil {
 		return err
 	}
 	a, err := loadBinding(cmd, benchBinds)
 	if err != nil {
 		return err
-	}
-	path, isTemplate := o.sample, false
-	if o.template != "" {
-		path, isTemplate = o.template, true
-	}
-	payloads, err := bench.LoadPayloads(path, isTemplate)
-	if err != nil {
-		if isTemplate {
-			return fmt.Errorf("--template: %w", err)
-		}
-		return fmt.Errorf("--sample: %w", err)
 	}
 	topic := o.topic
 	if topic == "" && len(a.cfg.Kafka.Topics) > 0 {
@@ -300,6 +304,20 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		brokers = a.cfg.Kafka.Brokers
 	default:
 		brokers = strings.Split(o.brokers, ",")
+	}
+	if dropOnly {
+		return dropLeftovers(cmd, a, bench.Config{Schema: o.schema, Topic: topic, Brokers: brokers})
+	}
+	path, isTemplate := o.sample, false
+	if o.template != "" {
+		path, isTemplate = o.template, true
+	}
+	payloads, err := bench.LoadPayloads(path, isTemplate)
+	if err != nil {
+		if isTemplate {
+			return fmt.Errorf("--template: %w", err)
+		}
+		return fmt.Errorf("--sample: %w", err)
 	}
 	pool, err := a.openPool(cmd.Context(), 2)
 	if err != nil {
@@ -330,7 +348,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
 		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
 		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
-		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
+		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy, DropLeftovers: o.dropLeftovers,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
 	}
 	if len(brokers) > 0 {
@@ -369,8 +387,13 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// The checkout is read before the run: a run takes minutes, and a
 	// commit or a merge made meanwhile is not the code that ran.
 	checkout := checkoutBuild()
-	res, runErr := bench.Run(cmd.Context(), cfg)
-	if interrupted := runErr != nil && cmd.Context().Err() != nil; interrupted || res == nil || len(res.Summary) == 0 {
+	// A closed stdout or stderr (bench ... | head) interrupts the run as
+	// Ctrl-C does, so that it drops its schemas and topic: by default Go
+	// ends a process that writes to a broken pipe on fd 1 or 2 at once.
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGPIPE)
+	defer stop()
+	res, runErr := bench.Run(ctx, cfg)
+	if interrupted := runErr != nil && ctx.Err() != nil; interrupted || res == nil || len(res.Summary) == 0 {
 		if o.keep && res != nil && len(res.Schemas) > 0 {
 			fmt.Fprintf(cmd.ErrOrStderr(), "kept schemas: %s\n", keptSchemas(res))
 		}
@@ -387,6 +410,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if err := res.WriteTable(out); err != nil {
 		return err
 	}
+	created = "" // --out is written
 	if err := res.WriteFiles(o.out, benchCommandLine(os.Args[1:])); err != nil {
 		return errors.Join(runErr, fmt.Errorf("--out: %w", err))
 	}
@@ -445,19 +469,26 @@ func flagProblem(err error) error {
 }
 
 // usableDir checks that dir can take bench's output files: a directory
-// (created if missing: created says so) in which a file can be written.
-func usableDir(dir string) (created bool, err error) {
+// (created if missing, with its missing parents: created is the first of
+// them, "" when dir was there) in which a file can be written.
+func usableDir(dir string) (created string, err error) {
 	st, err := os.Stat(dir)
 	switch {
 	case err == nil && !st.IsDir():
-		return false, fmt.Errorf("--out %s: not a directory", dir)
+		return "", fmt.Errorf("--out %s: not a directory", dir)
 	case errors.Is(err, os.ErrNotExist):
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return false, fmt.Errorf("--out: %w", err)
+		created = filepath.Clean(dir)
+		for p := filepath.Dir(created); p != created; p = filepath.Dir(p) {
+			if _, err := os.Stat(p); err == nil {
+				break
+			}
+			created = p
 		}
-		created = true
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", fmt.Errorf("--out: %w", err)
+		}
 	case err != nil:
-		return false, fmt.Errorf("--out: %w", err)
+		return "", fmt.Errorf("--out: %w", err)
 	}
 	f, err := os.CreateTemp(dir, ".onceflow-bench-*")
 	if err != nil {
@@ -467,6 +498,42 @@ func usableDir(dir string) (created bool, err error) {
 	_ = f.Close()
 	_ = os.Remove(name)
 	return created, nil
+}
+
+// removeEmptyDirs removes dir and its parents up to top, which usableDir
+// made, while they are empty: what was there, or was put there since, is
+// left.
+func removeEmptyDirs(dir, top string) {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if os.Remove(d) != nil || d == top || filepath.Dir(d) == d {
+			return
+		}
+	}
+}
+
+// dropLeftovers drops the schemas and topics of c.Schema and c.Topic that
+// killed runs left and no running bench holds (bench.FindLeftovers), and
+// says which.
+func dropLeftovers(cmd *cobra.Command, a *app, c bench.Config) error {
+	pool, err := a.openPool(cmd.Context(), 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c.Pool = pool
+	if len(c.Brokers) > 0 {
+		c.KafkaOptions = a.kafkaSecurity
+	}
+	l, err := bench.FindLeftovers(cmd.Context(), c, "", true)
+	if err != nil {
+		return err
+	}
+	if l.Empty() {
+		fmt.Fprintf(cmd.OutOrStdout(), "no leftovers of %s_* runs\n", c.Schema)
+		return nil
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "dropped %s\n", l)
+	return nil
 }
 
 // benchHandlers returns the handlers of the config that consume topic,

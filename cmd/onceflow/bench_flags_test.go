@@ -204,3 +204,37 @@ SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp"
 		}
 	}
 }
+
+// A run that writes nothing to --out removes the directories it made for
+// it, refused before or after the config is read; a directory that was
+// there stays.
+func TestBenchRefusedLeavesNoOut(t *testing.T) {
+	_, config := benchUser(t, "127.0.0.1:1", "payments-"+randomHex(4), benchPaymentsSQL)
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"bad flag", []string{"--sample", "x.jsonl", "--events", "0"}},
+		{"missing sample", []string{"--sample", filepath.Join(t.TempDir(), "none.jsonl")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			top := t.TempDir()
+			there := filepath.Join(top, "there")
+			if err := os.Mkdir(there, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, out := range []string{filepath.Join(top, "a", "b"), there} {
+				var stderr bytes.Buffer
+				if _, err := runCLI(t, &stderr, append([]string{"bench", "--config", config, "--out", out}, tt.args...)...); err == nil {
+					t.Fatal("bench ran")
+				}
+			}
+			if _, err := os.Stat(filepath.Join(top, "a")); !os.IsNotExist(err) {
+				t.Errorf("%s/a left (%v)", top, err)
+			}
+			if _, err := os.Stat(there); err != nil {
+				t.Errorf("the --out that was there: %v", err)
+			}
+		})
+	}
+}
