@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/sink"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -169,4 +172,53 @@ func (w *onWrite) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return fmt.Sprint(w.b.String())
+}
+
+// With Brokers, a dead run's topic (Topic-bench-<id>) is listed and
+// dropped with its schemas; a topic whose id has no schema in this
+// database (another database's run, alive or not) and another topic's
+// are left alone.
+func TestFindLeftoversTopics(t *testing.T) {
+	_, us, _ := userDB(t)
+	pool := sinktest.Pool(t)
+	ctx := t.Context()
+	prefix := us + "_k"
+	schemas := []string{prefix + "_0000dead_run", prefix + "_0000dead_steady_r1"}
+	for _, s := range schemas {
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+s) })
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "payments-bench-0000dead", "payments-bench-00e15e00", "orders-bench-0000dead", "payments"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cfg := Config{Pool: pool, Schema: prefix, Topic: "payments", Brokers: c.ListenAddrs()}
+	l, err := FindLeftovers(ctx, cfg, "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(l.Topics, []string{"payments-bench-0000dead"}) || !slices.Equal(l.Schemas, []string{prefix + "_0000dead_steady_r1"}) {
+		t.Fatalf("leftovers %s; want schema %s_0000dead_steady_r1 and topic payments-bench-0000dead", l, prefix)
+	}
+	if cmds := l.Commands(); len(cmds) != 2 || cmds[1] != "kafka-topics.sh --bootstrap-server "+c.ListenAddrs()[0]+" --delete --topic payments-bench-0000dead" {
+		t.Errorf("commands %q", cmds)
+	}
+	if _, err := FindLeftovers(ctx, cfg, "", true); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ts, err := kadm.NewClient(cl).ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ts.Names(), []string{"orders-bench-0000dead", "payments", "payments-bench-00e15e00"}; !slices.Equal(slices.Sorted(slices.Values(got)), want) {
+		t.Errorf("topics after the drop %v, want %v", got, want)
+	}
 }
