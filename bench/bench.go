@@ -306,8 +306,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if b.kafka.topic != cfg.Topic {
 		seen = ", which the handlers see as " + cfg.Topic
 	}
-	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s%s); handlers %v\n",
-		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, seen, b.names)
+	fmt.Fprintf(cfg.Progress, "onceflow bench: %s, %s with %s, on %s of %s (%s%s); handlers %v\n",
+		count(len(s.Events), "unique event"), count(len(s.Records), "record"), count(s.Redeliveries(), "redelivery", "redeliveries"),
+		count(cfg.Partitions, "partition"), b.kafka.topic, kafka, seen, b.names)
 	if len(res.Settings.Tables) > 0 {
 		fmt.Fprintf(cfg.Progress, "  your tables %v are cloned empty into schemas %s_*; they are not written\n", res.Settings.Tables, cfg.Schema)
 	}
@@ -451,7 +452,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		if batch == 0 {
 			batch = 1000
 		}
-		b.line.set("  %s: %d unique events, %d per transaction, %d writers", label, len(b.recs.events), batch, b.cfg.PoolSize)
+		b.line.set("  %s: %s, %d per transaction, %s", label, count(len(b.recs.events), "unique event"), batch, count(b.cfg.PoolSize, "writer"))
 		r.Records = len(b.recs.events)
 		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
 			b.failed(ctx, label)
@@ -662,7 +663,8 @@ func joinLines(ps []string) string {
 }
 
 // summarize fills res.Summary and the price from its runs: per name, the
-// median round.
+// median round; of an even number, the lower of the middle two (a round
+// that ran, whose details the report gives, and the less flattering).
 // steady names the steady run the price is of (the first protocol's).
 func summarize(res *Results, steady string) {
 	var order []string

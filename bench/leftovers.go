@@ -48,20 +48,12 @@ type Leftovers struct {
 func (l *Leftovers) String() string {
 	var parts []string
 	if len(l.Schemas) > 0 {
-		parts = append(parts, plural(len(l.Schemas), "schema", "schemas")+" "+strings.Join(l.Schemas, ", "))
+		parts = append(parts, plural(len(l.Schemas), "schema")+" "+strings.Join(l.Schemas, ", "))
 	}
 	if len(l.Topics) > 0 {
-		parts = append(parts, plural(len(l.Topics), "topic", "topics")+" "+strings.Join(l.Topics, ", "))
+		parts = append(parts, plural(len(l.Topics), "topic")+" "+strings.Join(l.Topics, ", "))
 	}
 	return strings.Join(parts, "; ")
-}
-
-// plural is one or many by n.
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 // Empty says there are none.

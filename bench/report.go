@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -74,7 +75,8 @@ func rounds(rs []float64) string {
 // (throughput-<scenario>-r<round>.png: records committed per second over
 // time, the membership changes marked) into dir, created if missing; the
 // plots of an earlier run there that this one does not make are removed,
-// so that dir shows one run. command is the command line, quoted in
+// so that dir shows one run: files named as bench names its plots
+// (plotName), and no other. command is the command line, quoted in
 // results.md.
 func (res *Results) WriteFiles(dir, command string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -89,7 +91,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 		return err
 	}
 	for _, f := range old {
-		if !slices.Contains(plots, filepath.Base(f)) {
+		if plotName.MatchString(filepath.Base(f)) && !slices.Contains(plots, filepath.Base(f)) {
 			if err := os.Remove(f); err != nil {
 				return fmt.Errorf("remove an earlier run's plot: %w", err)
 			}
@@ -106,9 +108,10 @@ func (res *Results) WriteFiles(dir, command string) error {
 	st := res.Settings
 	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
-	fmt.Fprintf(&md, "Payloads: %s. %d unique events, %d records (%.0f %% redeliveries, some on another partition), %d partitions, %d members, "+
-		"batches of at most %d, %d Postgres connections, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
-		st.Payloads, st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
+	fmt.Fprintf(&md, "Payloads: %s. %s, %s (%.0f %% redeliveries, some on another partition), %s, %s, "+
+		"batches of at most %d, %s, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
+		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), 100*st.Duplicates, count(st.Partitions, "partition"),
+		count(st.Members, "member"), st.BatchMax, count(st.PoolSize, "Postgres connection"), st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	if st.StormChanges > 0 {
 		pace := "spread over the stream"
@@ -134,6 +137,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 	fmt.Fprintf(&md, "| run | events/s | vs effects-only | vs raw-copy | exactly once | rounds |\n|---|---:|---:|---:|---|---|\n")
 	for _, l := range res.Summary {
 		fmt.Fprintf(&md, "| %s | %.0f | %s | %s | %s | %s |\n", l.Name, l.EventsPerSec, ratio(l.VsEffects), ratio(l.VsRawCopy), yes(l.ExactlyOnce), rounds(l.Rounds))
+	}
+	if st.Rounds > 1 {
+		md.WriteString("\n" + medianNote(st.Rounds) + "\n")
 	}
 	fmt.Fprintf(&md, "\n**%s**\n\n", res.PriceLine())
 	md.WriteString("effects-only: the handlers over the unique events in batches, no dedup rows, no Kafka. " +
@@ -211,6 +217,18 @@ func (res *Results) WriteFiles(dir, command string) error {
 	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644)
 }
 
+// medianNote says which round a line's events/s is, of rounds.
+func medianNote(rounds int) string {
+	if rounds%2 == 0 {
+		return fmt.Sprintf("events/s: the median of %d rounds, of an even number the lower of the middle two (a round that ran, and not the flattering one).", rounds)
+	}
+	return fmt.Sprintf("events/s: the median of %d rounds.", rounds)
+}
+
+// plotName matches the names of the plots WriteFiles writes:
+// throughput-<scenario>[-<protocol or format>]-r<round>.png.
+var plotName = regexp.MustCompile(`^throughput-(steady|storm|replay)(-(classic|consumer|avro|protobuf))?-r[0-9]+\.png$`)
+
 // tableChecks says, per table, how it passed the check in each run:
 // "payments by digest (every run); counters by sums (storm r1), by digest
 // (steady r1)".
@@ -254,7 +272,7 @@ func changeKinds(r RunResult) string {
 	var kinds []string
 	for _, k := range []string{"join", "leave", "kill", "restart", "reread"} {
 		if n[k] > 0 {
-			kinds = append(kinds, fmt.Sprintf("%d %s", n[k], k))
+			kinds = append(kinds, count(n[k], k))
 		}
 	}
 	out := strings.Join(kinds, ", ")
@@ -275,6 +293,22 @@ func checkpointsCell(r RunResult, asked bool) string {
 		return fmt.Sprintf("%d (not from one)", *r.Checkpoints)
 	}
 	return fmt.Sprint(*r.Checkpoints)
+}
+
+// plural is one, or many (by default one + "s") when n is not 1.
+func plural(n int, one string, many ...string) string {
+	switch {
+	case n == 1:
+		return one
+	case len(many) > 0:
+		return many[0]
+	}
+	return one + "s"
+}
+
+// count is n and its noun: "1 partition", "12 partitions".
+func count(n int, one string, many ...string) string {
+	return fmt.Sprintf("%d %s", n, plural(n, one, many...))
 }
 
 func orNone(s []string) string {

@@ -261,13 +261,24 @@ func TestCompareScenariosAndProtocols(t *testing.T) {
 }
 
 // Plots of an earlier run in --out that this run does not make are
-// removed: the folder shows one run.
+// removed: the folder shows one run. A file of the user's named like
+// them but not as bench names its plots stays.
 func TestWriteFilesRemovesOldPlots(t *testing.T) {
 	dir := t.TempDir()
-	old := filepath.Join(dir, "throughput-storm-r1.png")
-	if err := os.WriteFile(old, []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
+	old := filepath.Join(dir, "throughput-storm-consumer-r1.png")
+	mine := []string{filepath.Join(dir, "throughput-mine.png"), filepath.Join(dir, "throughput-steady-r1-zoomed.png")}
+	for _, f := range append([]string{old}, mine...) {
+		if err := os.WriteFile(f, []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
+	defer func() {
+		for _, f := range mine {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("a file of the user's: %v", err)
+			}
+		}
+	}()
 	res := &Results{Runs: []RunResult{{Name: "steady", Round: 1, Scenario: Steady, Series: []Sample{{Seconds: 0}, {Seconds: 1, Committed: 10}}}}}
 	if err := res.WriteFiles(dir, "onceflow bench"); err != nil {
 		t.Fatal(err)
@@ -369,5 +380,40 @@ func TestTopicAs(t *testing.T) {
 	}
 	if f, ok := hs[1].(sink.TopicFilter); !ok || !f.Consumes("payments-bench-1a2b") {
 		t.Errorf("the filtering handler does not consume bench's topic standing for payments")
+	}
+}
+
+// With two rounds the line's rate is the lower round, and results.md
+// says so.
+func TestMedianOfTwoRoundsIsTheLower(t *testing.T) {
+	res := &Results{Settings: Settings{Rounds: 2}, Runs: []RunResult{{Name: Steady, Round: 1, EventsPerSec: 200}, {Name: Steady, Round: 2, EventsPerSec: 100}}}
+	summarize(res, Steady)
+	if got := res.Summary[0].EventsPerSec; got != 100 {
+		t.Errorf("median of 200 and 100: %v, want 100", got)
+	}
+	dir := t.TempDir()
+	if err := res.WriteFiles(dir, "onceflow bench"); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "the median of 2 rounds, of an even number the lower of the middle two") {
+		t.Errorf("results.md does not say which round of two:\n%s", md)
+	}
+}
+
+// Counts agree with their nouns: one partition, 2 joins.
+func TestCountsAgree(t *testing.T) {
+	for _, tt := range []struct{ got, want string }{
+		{count(1, "partition"), "1 partition"},
+		{count(12, "partition"), "12 partitions"},
+		{count(0, "redelivery", "redeliveries"), "0 redeliveries"},
+		{changeKinds(RunResult{Changes: []Change{{What: "join"}, {What: "join"}, {What: "leave"}}}), "2 joins, 1 leave"},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("got %q, want %q", tt.got, tt.want)
+		}
 	}
 }

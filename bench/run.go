@@ -75,7 +75,7 @@ type Config struct {
 	Partitions int       // default 12
 	Members    int       // group members at once; default 3
 	Scenarios  []string  // of Steady, Storm, Replay; default all three
-	Rounds     int       // each run this many times, the median reported; default 1
+	Rounds     int       // each run this many times, the median reported (of an even number, the lower middle); default 1
 	// StormChanges is how many membership changes a storm makes: a
 	// member joins, the oldest leaves, and every third change kills the
 	// oldest (as a SIGKILL would: it never leaves the group, and its

@@ -138,7 +138,7 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.IntVar(&o.partitions, "partitions", 12, fmt.Sprintf("partitions of the benchmark's topic, at most %d", bench.MaxPartitions))
 	f.IntVar(&o.members, "members", 3, "group members at once")
 	f.StringSliceVar(&o.scenarios, "scenarios", []string{bench.Steady, bench.Storm, bench.Replay}, "scenarios: steady, storm, replay")
-	f.IntVar(&o.rounds, "rounds", 1, "run everything this many times and report the median")
+	f.IntVar(&o.rounds, "rounds", 1, "run everything this many times and report the median round (of an even number, the lower of the middle two)")
 	f.StringVar(&o.brokers, "brokers", "", "a real Kafka: alone, the config's kafka.brokers; =HOST:PORT,... others (default: embedded kfake)")
 	f.Lookup("brokers").NoOptDefVal = brokersFromConfig
 	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
