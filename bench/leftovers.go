@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -182,7 +181,7 @@ func FindLeftovers(ctx context.Context, c Config, own string, drop bool) (*Lefto
 			return out, err
 		}
 		if dead {
-			out.Schemas = append(out.Schemas, slices.DeleteFunc(schemas[id], func(s string) bool { return s == markerSchema(c.Schema, id) })...)
+			out.Schemas = append(out.Schemas, schemas[id]...)
 			if t := topics[id]; t != "" {
 				out.Topics = append(out.Topics, t)
 			}

@@ -122,7 +122,17 @@ meanwhile are counted). --cpuprofile FILE profiles the steady run (or
 --cpuprofile-of's).
 
 Output: a progress line on stderr, the table on stdout, results.json and
-results.md in --out; --compare OLD/results.json prints the difference.`,
+results.md in --out; --compare OLD/results.json prints the difference,
+pairing runs by scenario and group protocol (steady with an earlier
+steady-classic). The stream is held in memory: --events with its
+--duplicates make at most 10 000 000 records.
+
+Ctrl-C, SIGTERM or a closed output (| head) interrupts a run, which drops
+its schemas and topic. A run killed outright (SIGKILL) leaves them: each
+run holds a Postgres advisory lock for its life, and the next one lists at
+its start the schemas (and with --brokers the topics) that no running bench
+holds, with the commands that drop them; --drop-leftovers drops them (alone,
+without --sample or --template, it only drops).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBench(cmd, o)
