@@ -207,8 +207,11 @@ type benchRun struct {
 // from its tables. A run that is not exactly once is reported in its
 // Problems and makes Run's error non-nil (with the Results still
 // returned). Schemas are dropped as each run ends unless Keep; the topic
-// it created on Brokers is deleted. Run returns once everything it
-// started has stopped.
+// it created on Brokers is deleted. For its whole life Run holds an
+// advisory lock on its id, on a connection of its own (one besides
+// Pool's), and at its start it lists on Progress what earlier runs left
+// that no running bench holds (FindLeftovers; DropLeftovers drops it).
+// Run returns once everything it started has stopped.
 func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
