@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,7 +84,8 @@ func TestBenchKilledLeavesWhatTheNextRunDrops(t *testing.T) {
 		"--bench-schema", prefix, "--scenarios", "steady", "--no-raw-copy", "--out", t.TempDir()}
 
 	t.Run("SIGPIPE", func(t *testing.T) {
-		cmd, r := startBench(t, args...)
+		out := filepath.Join(t.TempDir(), "out")
+		cmd, r := startBench(t, append(slices.Clone(args), "--out", out)...)
 		r.Close() // as head does once it has its lines
 		err := cmd.Wait()
 		var ee *exec.ExitError
@@ -92,6 +94,9 @@ func TestBenchKilledLeavesWhatTheNextRunDrops(t *testing.T) {
 		}
 		if left := benchSchemas(t, prefix+"_"); len(left) > 0 {
 			t.Errorf("a run whose output was closed left %v", left)
+		}
+		if _, err := os.Stat(out); !os.IsNotExist(err) {
+			t.Errorf("the interrupted run left its --out %s (%v)", out, err)
 		}
 	})
 
