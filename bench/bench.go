@@ -140,7 +140,9 @@ type Results struct {
 	// JSON runs (the summary's medians).
 	Formats []FormatRatio `json:"formats,omitempty"`
 	// Schemas are the schemas the runs made, in order, a run that did
-	// not finish included: left in the database with Config.Keep.
+	// not finish included: left in the database with Config.Keep, which
+	// also keeps the run's marker (<Schema>_<id>_run, first; see
+	// FindLeftovers).
 	Schemas []string `json:"-"`
 }
 
@@ -229,7 +231,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if _, err := cfg.Pool.Exec(ctx, "CREATE SCHEMA "+marker); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", marker, err)
 	}
+	if cfg.Keep {
+		b.schemas = append(b.schemas, markerSchema(cfg.Schema, b.id))
+	}
 	defer func() {
+		if cfg.Keep { // the kept schemas' run, which FindLeftovers can tell is over
+			return
+		}
 		if _, derr := cfg.Pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+marker); derr != nil {
 			err = errors.Join(err, fmt.Errorf("drop schema %s: %w", marker, derr))
 		}
@@ -238,13 +246,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case left.Empty():
-	case cfg.DropLeftovers:
-		fmt.Fprintf(cfg.Progress, "onceflow bench: dropped what earlier runs left (killed, or kept with --keep): %s\n", left)
-	default:
-		fmt.Fprintf(cfg.Progress, "onceflow bench: left by earlier runs that no running bench holds (killed, or kept with --keep): %s; "+
-			"--drop-leftovers drops them, as does:\n  %s\n", left, strings.Join(left.Commands(), "\n  "))
+	if r := left.Report(cfg.DropLeftovers); r != "" {
+		fmt.Fprint(cfg.Progress, "onceflow bench: "+r)
 	}
 	res = &Results{Started: time.Now().UTC()}
 	defer func() {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,13 +20,16 @@ import (
 // A run's life is marked in its database by two things, both taken
 // before it makes any schema or topic: a session advisory lock on its id
 // (runLockKey), held on a connection of its own until Run returns, and
-// a schema <Schema>_<id>_run (markerSchema) that says its topic's id is
-// this database's. A killed run's connection closes, and the server
-// releases its lock: a later run that can take the lock knows that no
-// running bench holds what bears the id. Advisory locks are per
-// database, so a topic is only judged by its marker here: a topic whose
-// id has no schema in this database is another database's run's, alive
-// or not, and is left alone.
+// a schema <Schema>_<id>_run (markerSchema), dropped last (kept with
+// Keep), that says the id's lock tells its life and its topic is this
+// database's. A killed run's connection closes, and the server releases
+// its lock: a later run that can take the lock knows that no running
+// bench holds what bears the id. Advisory locks are per database, so a
+// topic is only judged by its marker here: a topic whose id has no
+// marker in this database is another database's run's, alive or not, and
+// is left alone. Schemas of bench's names without a marker were made by
+// an onceflow that took no lock: whether that run is alive cannot be
+// told, and they are listed apart (Leftovers.Unmarked), never dropped.
 
 // runLockKey is the advisory lock key of run id (hashtextextended of it).
 const runLockKey = `hashtextextended('onceflow bench run ' || $1, 0)`
@@ -41,6 +45,10 @@ type Leftovers struct {
 	Topics  []string
 	// Brokers the Topics are on.
 	Brokers []string
+	// Unmarked are schemas of bench's names with no run marker: an
+	// earlier onceflow's, which took no lock, so whether its run is alive
+	// cannot be told; never dropped.
+	Unmarked []string
 }
 
 // String lists l: "schemas a, b; topic t".
@@ -55,19 +63,46 @@ func (l *Leftovers) String() string {
 	return strings.Join(parts, "; ")
 }
 
-// Empty says there are none.
-func (l *Leftovers) Empty() bool { return len(l.Schemas) == 0 && len(l.Topics) == 0 }
+// Report says what l holds, in lines for a person: what was dropped
+// (dropped) or what to drop and how, and the Unmarked apart; "" for
+// none.
+func (l *Leftovers) Report(dropped bool) string {
+	var b strings.Builder
+	switch {
+	case len(l.Schemas)+len(l.Topics) == 0:
+	case dropped:
+		fmt.Fprintf(&b, "dropped what earlier runs left (killed, or kept with --keep): %s\n", l)
+	default:
+		fmt.Fprintf(&b, "left by earlier runs that no running bench holds (killed, or kept with --keep): %s; "+
+			"--drop-leftovers drops them, as does:\n  %s\n", l, strings.Join(l.Commands(), "\n  "))
+	}
+	if len(l.Unmarked) > 0 {
+		fmt.Fprintf(&b, "%s %s: named as bench's, but made by an earlier onceflow, which took no lock: whether its run is alive "+
+			"cannot be told, so they are not dropped; once it is not:\n  %s;\n", plural(len(l.Unmarked), "schema"), strings.Join(l.Unmarked, ", "), dropSchemas(l.Unmarked))
+	}
+	return b.String()
+}
 
-// Commands are the commands that drop l: a DROP SCHEMA statement, and a
-// kafka-topics.sh per topic.
+// dropSchemas is the statement that drops schemas and what they hold.
+func dropSchemas(schemas []string) string {
+	ids := make([]string, len(schemas))
+	for i, s := range schemas {
+		ids[i] = pgx.Identifier{s}.Sanitize()
+	}
+	return "DROP SCHEMA IF EXISTS " + strings.Join(ids, ", ") + " CASCADE"
+}
+
+// Empty says there are none.
+func (l *Leftovers) Empty() bool {
+	return len(l.Schemas) == 0 && len(l.Topics) == 0 && len(l.Unmarked) == 0
+}
+
+// Commands are the commands that drop l's Schemas and Topics (not
+// Unmarked): a DROP SCHEMA statement, and a kafka-topics.sh per topic.
 func (l *Leftovers) Commands() []string {
 	var out []string
 	if len(l.Schemas) > 0 {
-		ids := make([]string, len(l.Schemas))
-		for i, s := range l.Schemas {
-			ids[i] = pgx.Identifier{s}.Sanitize()
-		}
-		out = append(out, "DROP SCHEMA IF EXISTS "+strings.Join(ids, ", ")+" CASCADE;")
+		out = append(out, dropSchemas(l.Schemas)+";")
 	}
 	for _, t := range l.Topics {
 		out = append(out, fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --delete --topic %s", strings.Join(l.Brokers, ","), t))
@@ -143,8 +178,15 @@ func FindLeftovers(ctx context.Context, c Config, own string, drop bool) (*Lefto
 			schemas[m[1]] = append(schemas[m[1]], n)
 		}
 	}
-	topics := map[string]string{}
 	out := &Leftovers{}
+	ids = slices.DeleteFunc(ids, func(id string) bool {
+		if !slices.Contains(schemas[id], markerSchema(c.Schema, id)) {
+			out.Unmarked = append(out.Unmarked, schemas[id]...)
+			return true
+		}
+		return false
+	})
+	topics := map[string]string{}
 	if len(c.Brokers) > 0 && c.Topic != "" && len(ids) > 0 {
 		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.KafkaOptions...)...)
 		if err != nil {
@@ -159,7 +201,7 @@ func FindLeftovers(ctx context.Context, c Config, own string, drop bool) (*Lefto
 		}
 		tre := regexp.MustCompile(`^` + regexp.QuoteMeta(c.Topic) + `-bench-([0-9a-f]{8})$`)
 		for _, t := range ts.Names() {
-			if m := tre.FindStringSubmatch(t); m != nil && schemas[m[1]] != nil {
+			if m := tre.FindStringSubmatch(t); m != nil && slices.Contains(ids, m[1]) {
 				topics[m[1]] = t
 			}
 		}
@@ -225,11 +267,7 @@ func dropRun(ctx context.Context, c Config, conn *pgxpool.Conn, schemas []string
 			return fmt.Errorf("delete topic %s: %w", topic, err)
 		}
 	}
-	ids := make([]string, len(schemas))
-	for i, s := range schemas {
-		ids[i] = pgx.Identifier{s}.Sanitize()
-	}
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+strings.Join(ids, ", ")+" CASCADE"); err != nil {
+	if _, err := conn.Exec(ctx, dropSchemas(schemas)); err != nil {
 		return fmt.Errorf("drop schemas %s: %w", strings.Join(schemas, ", "), err)
 	}
 	return nil

@@ -31,7 +31,8 @@ func TestFindLeftoversTellsLiveRunsFromDeadOnes(t *testing.T) {
 	dead := []string{prefix + "_0000dead_steady_r1", prefix + "_0000dead_steady_r1_t", prefix + "_0000dead_raw_copy_r2", prefix + "_0000dead_run"}
 	live := []string{prefix + "_0000a11e_storm_r1", prefix + "_0000a11e_storm_r1_t", prefix + "_0000a11e_run"}
 	others := []string{prefix + "_0000dead_notes", prefix + "_notarun", prefix + "x_0000dead_steady_r1", prefix + "_0000DEAD_steady_r1"}
-	all := slices.Concat(dead, live, others)
+	unmarked := []string{prefix + "_000001d0_steady_r1", prefix + "_000001d0_steady_r1_t"} // an onceflow that took no lock made them
+	all := slices.Concat(dead, live, others, unmarked)
 	for _, s := range all {
 		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize()); err != nil {
 			t.Fatal(err)
@@ -58,6 +59,12 @@ func TestFindLeftoversTellsLiveRunsFromDeadOnes(t *testing.T) {
 	if want := slices.Sorted(slices.Values(dead)); !slices.Equal(l.Schemas, want) {
 		t.Errorf("leftovers %v, want %v (not the live run's, not the others)", l.Schemas, want)
 	}
+	if !slices.Equal(l.Unmarked, unmarked) {
+		t.Errorf("unmarked %v, want %v", l.Unmarked, unmarked)
+	}
+	if r := l.Report(false); !strings.Contains(r, "made by an earlier onceflow, which took no lock") || !strings.Contains(r, "--drop-leftovers drops them") {
+		t.Errorf("report:\n%s", r)
+	}
 	if cmds := l.Commands(); len(cmds) != 1 || !strings.HasPrefix(cmds[0], `DROP SCHEMA IF EXISTS "`+prefix+`_0000dead_raw_copy_r2", `) {
 		t.Errorf("commands %q", cmds)
 	}
@@ -76,7 +83,7 @@ func TestFindLeftoversTellsLiveRunsFromDeadOnes(t *testing.T) {
 			t.Errorf("%s not dropped", s)
 		}
 	}
-	for _, s := range slices.Concat(live, others) {
+	for _, s := range slices.Concat(live, others, unmarked) {
 		if !exists(s) {
 			t.Errorf("%s dropped: a live run's, or not bench's", s)
 		}
@@ -109,11 +116,13 @@ func TestRunHoldsItsSchemasAndSaysLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := us + "_h"
-	left := prefix + "_0000dead_steady_r1"
-	if _, err := up.Exec(t.Context(), "CREATE SCHEMA "+left); err != nil {
-		t.Fatal(err)
+	marker, left := prefix+"_0000dead_run", prefix+"_0000dead_steady_r1"
+	for _, s := range []string{marker, left} {
+		if _, err := up.Exec(t.Context(), "CREATE SCHEMA "+s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+s) })
 	}
-	t.Cleanup(func() { _, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+left) })
 	c := Config{Pool: up, Topic: "payments", Payloads: FromTemplate(tm), Events: 300, Partitions: 3, Members: 2,
 		Scenarios: []string{Steady}, NoRawCopy: true, Schema: prefix,
 		Handlers: func(string) ([]sink.Handler, error) {
@@ -135,13 +144,13 @@ func TestRunHoldsItsSchemasAndSaysLeftovers(t *testing.T) {
 	if _, err := Run(t.Context(), c); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if !strings.Contains(p.String(), "(killed, or kept with --keep): schema "+left+"; --drop-leftovers drops them, as does:\n  DROP SCHEMA IF EXISTS \""+left+"\" CASCADE;") {
+	if !strings.Contains(p.String(), "(killed, or kept with --keep): schemas "+marker+", "+left+"; --drop-leftovers drops them, as does:\n  DROP SCHEMA IF EXISTS \""+marker+"\", \""+left+"\" CASCADE;") {
 		t.Errorf("progress:\n%s\nwant it to say %s was left, and how to drop it", p.String(), left)
 	}
 	if seen == nil {
 		t.Fatalf("no progress line of the steady run:\n%s", p.String())
 	}
-	if !slices.Equal(seen, []string{left}) {
+	if !slices.Equal(seen, []string{marker, left}) {
 		t.Errorf("leftovers found during the run: %v, want only %s (not the running one's)", seen, left)
 	}
 	c.DropLeftovers, c.Progress = true, nil

@@ -542,7 +542,7 @@ func dropLeftovers(cmd *cobra.Command, a *app, c bench.Config) error {
 		fmt.Fprintf(cmd.OutOrStdout(), "no leftovers of %s_* runs\n", c.Schema)
 		return nil
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "dropped %s\n", l)
+	fmt.Fprint(cmd.OutOrStdout(), l.Report(true))
 	return nil
 }
 
