@@ -415,14 +415,17 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if res.Settings.Build == "" {
 		res.Settings.Build = checkout
 	}
+	// The files before the table: a stdout closed meanwhile (| head)
+	// fails the table, not the results.
+	created = "" // --out is written
+	werr := res.WriteFiles(o.out, benchCommandLine(os.Args[1:]))
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out)
 	if err := res.WriteTable(out); err != nil {
-		return err
+		return errors.Join(runErr, err)
 	}
-	created = "" // --out is written
-	if err := res.WriteFiles(o.out, benchCommandLine(os.Args[1:])); err != nil {
-		return errors.Join(runErr, fmt.Errorf("--out: %w", err))
+	if werr != nil {
+		return errors.Join(runErr, fmt.Errorf("--out: %w", werr))
 	}
 	fmt.Fprintf(out, "results: %s/results.json, %s/results.md\n", o.out, o.out)
 	if o.keep {

@@ -139,3 +139,31 @@ AND (classid::bigint << 32 | objid::bigint) = hashtextextended('onceflow bench r
 		t.Errorf("after --drop-leftovers: %v left", left)
 	}
 }
+
+// brokenPipe fails every write, as a closed pipe does.
+type brokenPipe struct{}
+
+func (brokenPipe) Write([]byte) (int, error) { return 0, syscall.EPIPE }
+
+// A stdout closed before the run ends (bench ... | head) fails the
+// table, not the results: --out gets them.
+func TestBenchClosedStdoutStillWritesOut(t *testing.T) {
+	schema, config := benchUser(t, "127.0.0.1:1", "payments-"+randomHex(4), benchPaymentsSQL)
+	tmpl := filepath.Join(t.TempDir(), "payment.json")
+	if err := os.WriteFile(tmpl, []byte(`{"account": "acct-{{int 1 50}}", "amount": "{{decimal 0.01 999.99 2}}"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	root := newRoot()
+	var stderr bytes.Buffer
+	root.SetOut(brokenPipe{})
+	root.SetErr(&stderr)
+	root.SetArgs([]string{"bench", "--config", config, "--template", tmpl, "--events", "300", "--partitions", "3", "--members", "2",
+		"--bench-schema", schema + "_b", "--scenarios", "steady", "--no-raw-copy", "--out", out})
+	if err := root.ExecuteContext(t.Context()); !errors.Is(err, syscall.EPIPE) {
+		t.Errorf("bench with a closed stdout: %v, want EPIPE\n%s", err, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, "results.json")); err != nil {
+		t.Errorf("results.json: %v", err)
+	}
+}
