@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/processor"
 )
@@ -140,7 +140,9 @@ type Results struct {
 	// JSON runs (the summary's medians).
 	Formats []FormatRatio `json:"formats,omitempty"`
 	// Schemas are the schemas the runs made, in order, a run that did
-	// not finish included: left in the database with Config.Keep.
+	// not finish included: left in the database with Config.Keep, which
+	// also keeps the run's marker (<Schema>_<id>_run, first; see
+	// FindLeftovers).
 	Schemas []string `json:"-"`
 }
 
@@ -207,16 +209,46 @@ type benchRun struct {
 // from its tables. A run that is not exactly once is reported in its
 // Problems and makes Run's error non-nil (with the Results still
 // returned). Schemas are dropped as each run ends unless Keep; the topic
-// it created on Brokers is deleted. Run returns once everything it
-// started has stopped.
+// it created on Brokers is deleted. For its whole life Run holds an
+// advisory lock on its id, on a connection of its own (one besides
+// Pool's), and at its start it lists on Progress what earlier runs left
+// that no running bench holds (FindLeftovers; DropLeftovers drops it).
+// Run returns once everything it started has stopped.
 func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	id := make([]byte, 4)
-	_, _ = rand.Read(id)
-	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: hex.EncodeToString(id)}
+	// The run's lock and its marker schema before anything else of its
+	// own exists (see runLock): a later run tells what a killed one left.
+	lock, err := lockRun(ctx, cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, lock.release(context.WithoutCancel(ctx))) }()
+	b := &benchRun{cfg: cfg, line: newProgressLine(cfg.Progress), id: lock.id}
+	marker := pgx.Identifier{markerSchema(cfg.Schema, b.id)}.Sanitize()
+	if _, err := cfg.Pool.Exec(ctx, "CREATE SCHEMA "+marker); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", marker, err)
+	}
+	if cfg.Keep {
+		b.schemas = append(b.schemas, markerSchema(cfg.Schema, b.id))
+	}
+	defer func() {
+		if cfg.Keep { // the kept schemas' run, which FindLeftovers can tell is over
+			return
+		}
+		if _, derr := cfg.Pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+marker); derr != nil {
+			err = errors.Join(err, fmt.Errorf("drop schema %s: %w", marker, derr))
+		}
+	}()
+	left, err := FindLeftovers(ctx, cfg, b.id, cfg.DropLeftovers)
+	if err != nil {
+		return nil, err
+	}
+	if r := left.Report(cfg.DropLeftovers); r != "" {
+		fmt.Fprint(cfg.Progress, "onceflow bench: "+r)
+	}
 	res = &Results{Started: time.Now().UTC()}
 	defer func() {
 		if res != nil {
@@ -242,7 +274,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.kafka, err = openKafka(ctx, cfg); err != nil {
+	if b.kafka, err = openKafka(ctx, cfg, b.id); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -283,8 +315,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if b.kafka.topic != cfg.Topic {
 		seen = ", which the handlers see as " + cfg.Topic
 	}
-	fmt.Fprintf(cfg.Progress, "onceflow bench: %d unique events, %d records with %d redeliveries, on %d partitions of %s (%s%s); handlers %v\n",
-		len(s.Events), len(s.Records), s.Redeliveries(), cfg.Partitions, b.kafka.topic, kafka, seen, b.names)
+	fmt.Fprintf(cfg.Progress, "onceflow bench: %s, %s with %s, on %s of %s (%s%s); handlers %v\n",
+		count(len(s.Events), "unique event"), count(len(s.Records), "record"), count(s.Redeliveries(), "redelivery", "redeliveries"),
+		count(cfg.Partitions, "partition"), b.kafka.topic, kafka, seen, b.names)
 	if len(res.Settings.Tables) > 0 {
 		fmt.Fprintf(cfg.Progress, "  your tables %v are cloned empty into schemas %s_*; they are not written\n", res.Settings.Tables, cfg.Schema)
 	}
@@ -428,7 +461,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		if batch == 0 {
 			batch = 1000
 		}
-		b.line.set("  %s: %d unique events, %d per transaction, %d writers", label, len(b.recs.events), batch, b.cfg.PoolSize)
+		b.line.set("  %s: %s, %d per transaction, %s", label, count(len(b.recs.events), "unique event"), batch, count(b.cfg.PoolSize, "writer"))
 		r.Records = len(b.recs.events)
 		hs = guardHandlers(hs, b.iso.guard(schema), nil)
 		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
@@ -646,7 +679,8 @@ func joinLines(ps []string) string {
 }
 
 // summarize fills res.Summary and the price from its runs: per name, the
-// median round.
+// median round; of an even number, the lower of the middle two (a round
+// that ran, whose details the report gives, and the less flattering).
 // steady names the steady run the price is of (the first protocol's).
 func summarize(res *Results, steady string) {
 	var order []string

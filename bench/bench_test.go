@@ -141,8 +141,8 @@ func TestCheckSeesDoubles(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	t.Cleanup(func() {
-		for _, r := range res.Runs {
-			_, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+r.Schema+", "+r.TablesSchema+" CASCADE")
+		for _, s := range res.Schemas {
+			_, _ = up.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+s+" CASCADE")
 		}
 	})
 	ref := res.Runs[0].Tables

@@ -52,7 +52,7 @@ func (b *benchRun) openFormats(ctx context.Context) ([]*formatTopic, error) {
 			}
 			recs[i] = &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: v, Headers: r.Headers, Timestamp: r.Timestamp}
 		}
-		k, err := openKafka(ctx, b.cfg)
+		k, err := openKafka(ctx, b.cfg, b.id)
 		if err != nil {
 			return out, err
 		}

@@ -155,11 +155,14 @@ func Generate(p *Payloads, cfg GenerateConfig) (*Stream, error) {
 	if cfg.Events < 1 {
 		ps = append(ps, fmt.Errorf("events %d: at least 1", cfg.Events))
 	}
-	if cfg.Duplicates < 0 || cfg.Duplicates > 1 {
+	if !(cfg.Duplicates >= 0 && cfg.Duplicates <= 1) { // NaN too
 		ps = append(ps, fmt.Errorf("duplicates %g: a share from 0 to 1", cfg.Duplicates))
 	}
 	if cfg.Partitions < 1 {
 		ps = append(ps, fmt.Errorf("partitions %d: at least 1", cfg.Partitions))
+	}
+	if n := float64(cfg.Events) * (1 + cfg.Duplicates); n > MaxRecords {
+		ps = append(ps, fmt.Errorf("events %d with duplicates %g: %.0f records, at most %d (MaxRecords)", cfg.Events, cfg.Duplicates, n, MaxRecords))
 	}
 	if err := errors.Join(ps...); err != nil {
 		return nil, err

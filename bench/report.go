@@ -1,15 +1,19 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/onceflow/onceflow/processor"
 )
 
 // WriteTable writes res's summary as a table, then the price of
@@ -71,7 +75,8 @@ func rounds(rs []float64) string {
 // (throughput-<scenario>-r<round>.png: records committed per second over
 // time, the membership changes marked) into dir, created if missing; the
 // plots of an earlier run there that this one does not make are removed,
-// so that dir shows one run. command is the command line, quoted in
+// so that dir shows one run: files named as bench names its plots
+// (plotName), and no other. command is the command line, quoted in
 // results.md.
 func (res *Results) WriteFiles(dir, command string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -86,7 +91,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 		return err
 	}
 	for _, f := range old {
-		if !slices.Contains(plots, filepath.Base(f)) {
+		if plotName.MatchString(filepath.Base(f)) && !slices.Contains(plots, filepath.Base(f)) {
 			if err := os.Remove(f); err != nil {
 				return fmt.Errorf("remove an earlier run's plot: %w", err)
 			}
@@ -103,9 +108,10 @@ func (res *Results) WriteFiles(dir, command string) error {
 	st := res.Settings
 	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
-	fmt.Fprintf(&md, "Payloads: %s. %d unique events, %d records (%.0f %% redeliveries, some on another partition), %d partitions, %d members, "+
-		"batches of at most %d, %d Postgres connections, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
-		st.Payloads, st.Events, st.Records, 100*st.Duplicates, st.Partitions, st.Members, st.BatchMax, st.PoolSize, st.Kafka,
+	fmt.Fprintf(&md, "Payloads: %s. %s, %s (%.0f %% redeliveries, some on another partition), %s, %s, "+
+		"batches of at most %d, %s, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
+		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), 100*st.Duplicates, count(st.Partitions, "partition"),
+		count(st.Members, "member"), st.BatchMax, count(st.PoolSize, "Postgres connection"), st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	if st.StormChanges > 0 {
 		pace := "spread over the stream"
@@ -131,6 +137,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 	fmt.Fprintf(&md, "| run | events/s | vs effects-only | vs raw-copy | exactly once | rounds |\n|---|---:|---:|---:|---|---|\n")
 	for _, l := range res.Summary {
 		fmt.Fprintf(&md, "| %s | %.0f | %s | %s | %s | %s |\n", l.Name, l.EventsPerSec, ratio(l.VsEffects), ratio(l.VsRawCopy), yes(l.ExactlyOnce), rounds(l.Rounds))
+	}
+	if st.Rounds > 1 {
+		md.WriteString("\n" + medianNote(st.Rounds) + "\n")
 	}
 	fmt.Fprintf(&md, "\n**%s**\n\n", res.PriceLine())
 	md.WriteString("effects-only: the handlers over the unique events in batches, no dedup rows, no Kafka. " +
@@ -208,6 +217,18 @@ func (res *Results) WriteFiles(dir, command string) error {
 	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(md.String()), 0o644)
 }
 
+// medianNote says which round a line's events/s is, of rounds.
+func medianNote(rounds int) string {
+	if rounds%2 == 0 {
+		return fmt.Sprintf("events/s: the median of %d rounds, of an even number the lower of the middle two (a round that ran, and not the flattering one).", rounds)
+	}
+	return fmt.Sprintf("events/s: the median of %d rounds.", rounds)
+}
+
+// plotName matches the names of the plots WriteFiles writes:
+// throughput-<scenario>[-<protocol or format>]-r<round>.png.
+var plotName = regexp.MustCompile(`^throughput-(steady|storm|replay)(-(classic|consumer|avro|protobuf))?-r[0-9]+\.png$`)
+
 // tableChecks says, per table, how it passed the check in each run:
 // "payments by digest (every run); counters by sums (storm r1), by digest
 // (steady r1)".
@@ -251,7 +272,7 @@ func changeKinds(r RunResult) string {
 	var kinds []string
 	for _, k := range []string{"join", "leave", "kill", "restart", "reread"} {
 		if n[k] > 0 {
-			kinds = append(kinds, fmt.Sprintf("%d %s", n[k], k))
+			kinds = append(kinds, count(n[k], k))
 		}
 	}
 	out := strings.Join(kinds, ", ")
@@ -272,6 +293,22 @@ func checkpointsCell(r RunResult, asked bool) string {
 		return fmt.Sprintf("%d (not from one)", *r.Checkpoints)
 	}
 	return fmt.Sprint(*r.Checkpoints)
+}
+
+// plural is one, or many (by default one + "s") when n is not 1.
+func plural(n int, one string, many ...string) string {
+	switch {
+	case n == 1:
+		return one
+	case len(many) > 0:
+		return many[0]
+	}
+	return one + "s"
+}
+
+// count is n and its noun: "1 partition", "12 partitions".
+func count(n int, one string, many ...string) string {
+	return fmt.Sprintf("%d %s", n, plural(n, one, many...))
 }
 
 func orNone(s []string) string {
@@ -301,38 +338,58 @@ func ReadResults(path string) (*Results, error) {
 // Compare writes, per scenario and baseline in either, the old and new
 // rate and the change; then the price of exactly-once in both, and the
 // settings that differ (a comparison across them measures those too).
+// Runs are paired by what they measured: the baseline, or the scenario
+// under its group protocol in its format. A run named without a protocol
+// (one protocol ran) is so paired with the other side's run of that
+// protocol (steady with steady-classic), and the pairing is said. The
+// scenario lists are compared; the storm's settings only when both ran a
+// storm.
 func Compare(w io.Writer, old, cur *Results) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "run\tbefore events/s\tnow events/s\tchange\t\n")
-	seen := map[string]bool{}
-	get := func(r *Results, n string) (float64, bool) {
+	oldKeys, curKeys := lineKeys(old), lineKeys(cur)
+	rate := func(r *Results, keys map[string]runKey, k runKey) (string, float64, bool) {
 		for _, l := range r.Summary {
-			if l.Name == n {
-				return l.EventsPerSec, true
+			if keys[l.Name] == k {
+				return l.Name, l.EventsPerSec, true
 			}
 		}
-		return 0, false
+		return "", 0, false
 	}
-	for _, rs := range []*Results{cur, old} {
-		for _, l := range rs.Summary {
-			if seen[l.Name] {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "run\tbefore events/s\tnow events/s\tchange\t\n")
+	seen := map[runKey]bool{}
+	var paired []string
+	for _, side := range []struct {
+		r    *Results
+		keys map[string]runKey
+	}{{cur, curKeys}, {old, oldKeys}} {
+		for _, l := range side.r.Summary {
+			k := side.keys[l.Name]
+			if seen[k] {
 				continue
 			}
-			seen[l.Name] = true
-			a, okA := get(old, l.Name)
-			b, okB := get(cur, l.Name)
+			seen[k] = true
+			na, a, okA := rate(old, oldKeys, k)
+			nb, b, okB := rate(cur, curKeys, k)
 			switch {
 			case okA && okB && a > 0:
-				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%+.1f %%\t\n", l.Name, a, b, 100*(b/a-1))
+				name := nb
+				if na != nb {
+					name = nb + " / " + na
+					paired = append(paired, fmt.Sprintf("%s now with %s before (both %s)", nb, na, k.protocol))
+				}
+				fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%+.1f %%\t\n", name, a, b, 100*(b/a-1))
 			case okB:
-				fmt.Fprintf(tw, "%s\t-\t%.0f\t\t\n", l.Name, b)
+				fmt.Fprintf(tw, "%s\t-\t%.0f\t\t\n", nb, b)
 			default:
-				fmt.Fprintf(tw, "%s\t%.0f\t-\t\t\n", l.Name, a)
+				fmt.Fprintf(tw, "%s\t%.0f\t-\t\t\n", na, a)
 			}
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(paired) > 0 {
+		fmt.Fprintf(w, "paired by scenario and group protocol: %s\n", strings.Join(paired, "; "))
 	}
 	fmt.Fprintf(w, "before: %s\nnow:    %s\n", old.PriceLine(), cur.PriceLine())
 	a, b := old.Settings, cur.Settings
@@ -341,6 +398,10 @@ func Compare(w io.Writer, old, cur *Results) error {
 		if fmt.Sprint(x) != fmt.Sprint(y) {
 			diff = append(diff, fmt.Sprintf("%s %v → %v", k, x, y))
 		}
+	}
+	sa, sb := scenarios(oldKeys, old), scenarios(curKeys, cur)
+	if !slices.Equal(sa, sb) {
+		diff = append(diff, fmt.Sprintf("scenarios %s → %s", orDash(strings.Join(sa, ", ")), orDash(strings.Join(sb, ", "))))
 	}
 	add("payloads", a.Payloads, b.Payloads)
 	add("events", a.Events, b.Events)
@@ -352,14 +413,60 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("pool", a.PoolSize, b.PoolSize)
 	add("kafka", a.Kafka, b.Kafka)
 	add("handlers", a.Handlers, b.Handlers)
-	add("storm_changes", a.StormChanges, b.StormChanges)
-	add("storm_every_s", a.StormEvery, b.StormEvery)
+	if slices.Contains(sa, Storm) && slices.Contains(sb, Storm) { // a run without a storm has no storm settings
+		add("storm_changes", a.StormChanges, b.StormChanges)
+		add("storm_every_s", a.StormEvery, b.StormEvery)
+		add("instance_id", a.InstanceID, b.InstanceID)
+	}
 	add("group_protocols", a.GroupProtocols, b.GroupProtocols)
-	add("instance_id", a.InstanceID, b.InstanceID)
 	add("checkpoint", a.Checkpoint, b.Checkpoint)
 	add("formats", a.Formats, b.Formats)
 	if len(diff) > 0 {
 		fmt.Fprintf(w, "settings that differ: %s\n", strings.Join(diff, ", "))
 	}
 	return nil
+}
+
+// runKey is what a summary line measured: a baseline (its name alone), or
+// a scenario under a group protocol in a format ("" for JSON).
+type runKey struct{ scenario, protocol, format string }
+
+// lineKeys says what each of r's summary lines measured, from its runs'
+// fields, or, in a results.json whose runs lack them, from its name
+// (steady, steady-consumer, steady-avro): a name without a protocol is
+// of the one r ran, else the default (classic).
+func lineKeys(r *Results) map[string]runKey {
+	protocol := string(processor.DefaultGroupProtocol)
+	if len(r.Settings.GroupProtocols) == 1 {
+		protocol = r.Settings.GroupProtocols[0]
+	}
+	keys := map[string]runKey{}
+	for _, l := range r.Summary {
+		k := runKey{scenario: l.Name}
+		if i := slices.IndexFunc(r.Runs, func(run RunResult) bool { return run.Name == l.Name }); i >= 0 && r.Runs[i].Scenario != "" {
+			run := r.Runs[i]
+			k = runKey{scenario: run.Scenario, protocol: cmp.Or(run.GroupProtocol, protocol), format: run.Format}
+		} else if sc, rest, _ := strings.Cut(l.Name, "-"); slices.Contains([]string{Steady, Storm, Replay}, sc) {
+			k = runKey{scenario: sc, protocol: protocol}
+			switch rest {
+			case string(processor.ClassicProtocol), string(processor.ConsumerProtocol):
+				k.protocol = rest
+			default:
+				k.format = rest
+			}
+		}
+		keys[l.Name] = k
+	}
+	return keys
+}
+
+// scenarios are the scenarios of r's lines (not the baselines), in order.
+func scenarios(keys map[string]runKey, r *Results) []string {
+	var out []string
+	for _, l := range r.Summary {
+		if k := keys[l.Name]; k.protocol != "" && !slices.Contains(out, k.scenario) {
+			out = append(out, k.scenario)
+		}
+	}
+	return out
 }

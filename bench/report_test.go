@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +42,56 @@ func TestValidateListsEveryProblem(t *testing.T) {
 			t.Errorf("no ConfigError for field %s in %v", f, err)
 		}
 	}
+}
+
+// Values that would crash or hang a run are refused by Validate and by
+// Generate: NaN and infinite shares, a stream too big to hold, more
+// partitions than MaxPartitions, a schema prefix Postgres keeps.
+func TestValidateRefusesWhatWouldCrash(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		c    Config
+		want string
+	}{
+		{"NaN duplicates", Config{Duplicates: math.NaN()}, "Duplicates NaN: a share from 0 to 1"},
+		{"+Inf duplicates", Config{Duplicates: math.Inf(1)}, "Duplicates +Inf: a share from 0 to 1"},
+		{"-Inf duplicates", Config{Duplicates: math.Inf(-1)}, "Duplicates -Inf: a share from 0 to 1"},
+		{"a trillion events", Config{Events: 1_000_000_000_000, Duplicates: 0.3}, "Events 1000000000000: with Duplicates 0.3, 1300000000000 records: at most 10000000 records"},
+		{"duplicates push it over", Config{Events: 8_000_000, Duplicates: 0.3}, "Events 8000000: with Duplicates 0.3, 10400000 records"},
+		{"partitions", Config{Partitions: MaxPartitions + 1}, "Partitions 1001: at most 1000"},
+		{"pg_ schema", Config{Schema: "pg_x"}, `Schema "pg_x": lower-case letters, digits and _ only, starting with a letter, at most 30, not pg_`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ps := flagsProblems(tt.c)
+			if len(ps) != 1 || !strings.Contains(ps[0].Error(), tt.want) {
+				t.Fatalf("Validate: %v\nwant one problem saying %q", ps, tt.want)
+			}
+		})
+	}
+	for _, ok := range []Config{{Events: 7_000_000, Duplicates: 0.3}, {Partitions: MaxPartitions}, {Schema: "pgx_bench"}} {
+		if ps := flagsProblems(ok); len(ps) > 0 {
+			t.Errorf("Validate: %v, want none", ps)
+		}
+	}
+	p, err := ParseSample([]byte(`{"a": 1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []GenerateConfig{{Events: 10, Duplicates: math.NaN(), Partitions: 1}, {Events: 1_000_000_000_000, Partitions: 1}} {
+		if _, err := Generate(p, c); err == nil {
+			t.Errorf("Generate(%+v) made a stream; want an error", c)
+		}
+	}
+}
+
+// flagsProblems are c.Validate's problems but those of the fields only a
+// configuration gives (Pool, Handlers, Payloads, Topic).
+func flagsProblems(c Config) []error {
+	ps := Problems(c.Validate())
+	return slices.DeleteFunc(ps, func(p error) bool {
+		var ce *ConfigError
+		return errors.As(p, &ce) && slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic"}, ce.Field)
+	})
 }
 
 // A change whose two seconds before were a stall is measured against the
@@ -162,14 +214,71 @@ func TestCompareAndPriceLine(t *testing.T) {
 	}
 }
 
-// Plots of an earlier run in --out that this run does not make are
-// removed: the folder shows one run.
-func TestWriteFilesRemovesOldPlots(t *testing.T) {
-	dir := t.TempDir()
-	old := filepath.Join(dir, "throughput-storm-r1.png")
-	if err := os.WriteFile(old, []byte("old"), 0o644); err != nil {
+// Compare says a changed scenario list, compares the storm's settings
+// only when both ran a storm, and pairs a run named without a protocol
+// with the other side's run of that protocol, saying so; from the runs'
+// fields, or from the names alone in a results.json without them.
+func TestCompareScenariosAndProtocols(t *testing.T) {
+	all := &Results{Settings: Settings{StormChanges: 12, GroupProtocols: []string{"classic"}},
+		Summary: []Line{{Name: EffectsOnly, EventsPerSec: 200}, {Name: "steady", EventsPerSec: 100}, {Name: "storm", EventsPerSec: 80}, {Name: "replay", EventsPerSec: 90}}}
+	steadyOnly := &Results{Settings: Settings{GroupProtocols: []string{"classic"}},
+		Summary: []Line{{Name: EffectsOnly, EventsPerSec: 200}, {Name: "steady", EventsPerSec: 110}}}
+	var b bytes.Buffer
+	if err := Compare(&b, all, steadyOnly); err != nil {
 		t.Fatal(err)
 	}
+	if got := b.String(); !strings.Contains(got, "scenarios steady, storm, replay → steady") || strings.Contains(got, "storm_changes") {
+		t.Errorf("Compare:\n%s\nwant the scenario lists' difference and no storm_changes", got)
+	}
+	stormy := &Results{Settings: Settings{StormChanges: 4, GroupProtocols: []string{"classic"}}, Summary: []Line{{Name: "storm", EventsPerSec: 80}}}
+	b.Reset()
+	if err := Compare(&b, all, stormy); err != nil || !strings.Contains(b.String(), "storm_changes 12 → 4") {
+		t.Errorf("Compare: %v\n%s\nwant storm_changes 12 → 4", err, b.String())
+	}
+
+	both := &Results{Settings: Settings{GroupProtocols: []string{"classic", "consumer"}},
+		Summary: []Line{{Name: "steady-classic", EventsPerSec: 100}, {Name: "steady-consumer", EventsPerSec: 120}}}
+	withRuns := *both
+	withRuns.Runs = []RunResult{{Name: "steady-classic", Scenario: Steady, GroupProtocol: "classic"}, {Name: "steady-consumer", Scenario: Steady, GroupProtocol: "consumer"}}
+	classic := &Results{Settings: Settings{GroupProtocols: []string{"classic"}}, Summary: []Line{{Name: "steady", EventsPerSec: 150}},
+		Runs: []RunResult{{Name: "steady", Scenario: Steady, GroupProtocol: "classic"}}}
+	for name, old := range map[string]*Results{"by the runs": &withRuns, "by the names": both} {
+		b.Reset()
+		if err := Compare(&b, old, classic); err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(strings.Fields(b.String()), " ") // the table's columns aligned or not
+		for _, w := range []string{"steady / steady-classic 100 150 +50.0 %", "steady-consumer 120 -",
+			"paired by scenario and group protocol: steady now with steady-classic before (both classic)"} {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: Compare:\n%s\nwant %q", name, got, w)
+			}
+		}
+		if strings.Contains(got, "scenarios") {
+			t.Errorf("%s: Compare:\n%s\nsays the scenarios differ; both ran steady", name, got)
+		}
+	}
+}
+
+// Plots of an earlier run in --out that this run does not make are
+// removed: the folder shows one run. A file of the user's named like
+// them but not as bench names its plots stays.
+func TestWriteFilesRemovesOldPlots(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "throughput-storm-consumer-r1.png")
+	mine := []string{filepath.Join(dir, "throughput-mine.png"), filepath.Join(dir, "throughput-steady-r1-zoomed.png")}
+	for _, f := range append([]string{old}, mine...) {
+		if err := os.WriteFile(f, []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		for _, f := range mine {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("a file of the user's: %v", err)
+			}
+		}
+	}()
 	res := &Results{Runs: []RunResult{{Name: "steady", Round: 1, Scenario: Steady, Series: []Sample{{Seconds: 0}, {Seconds: 1, Committed: 10}}}}}
 	if err := res.WriteFiles(dir, "onceflow bench"); err != nil {
 		t.Fatal(err)
@@ -271,5 +380,40 @@ func TestTopicAs(t *testing.T) {
 	}
 	if f, ok := hs[1].(sink.TopicFilter); !ok || !f.Consumes("payments-bench-1a2b") {
 		t.Errorf("the filtering handler does not consume bench's topic standing for payments")
+	}
+}
+
+// With two rounds the line's rate is the lower round, and results.md
+// says so.
+func TestMedianOfTwoRoundsIsTheLower(t *testing.T) {
+	res := &Results{Settings: Settings{Rounds: 2}, Runs: []RunResult{{Name: Steady, Round: 1, EventsPerSec: 200}, {Name: Steady, Round: 2, EventsPerSec: 100}}}
+	summarize(res, Steady)
+	if got := res.Summary[0].EventsPerSec; got != 100 {
+		t.Errorf("median of 200 and 100: %v, want 100", got)
+	}
+	dir := t.TempDir()
+	if err := res.WriteFiles(dir, "onceflow bench"); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "the median of 2 rounds, of an even number the lower of the middle two") {
+		t.Errorf("results.md does not say which round of two:\n%s", md)
+	}
+}
+
+// Counts agree with their nouns: one partition, 2 joins.
+func TestCountsAgree(t *testing.T) {
+	for _, tt := range []struct{ got, want string }{
+		{count(1, "partition"), "1 partition"},
+		{count(12, "partition"), "12 partitions"},
+		{count(0, "redelivery", "redeliveries"), "0 redeliveries"},
+		{changeKinds(RunResult{Changes: []Change{{What: "join"}, {What: "join"}, {What: "leave"}}}), "2 joins, 1 leave"},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("got %q, want %q", tt.got, tt.want)
+		}
 	}
 }

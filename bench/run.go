@@ -75,7 +75,7 @@ type Config struct {
 	Partitions int       // default 12
 	Members    int       // group members at once; default 3
 	Scenarios  []string  // of Steady, Storm, Replay; default all three
-	Rounds     int       // each run this many times, the median reported; default 1
+	Rounds     int       // each run this many times, the median reported (of an even number, the lower middle); default 1
 	// StormChanges is how many membership changes a storm makes: a
 	// member joins, the oldest leaves, and every third change kills the
 	// oldest (as a SIGKILL would: it never leaves the group, and its
@@ -134,6 +134,11 @@ type Config struct {
 	// after the run.
 	Schema string
 	Keep   bool
+	// DropLeftovers drops, at the start, the schemas (and with Brokers
+	// the topics) that earlier runs with this Schema and Topic left and
+	// no running bench holds (FindLeftovers); without it they are listed
+	// on Progress with the commands that drop them.
+	DropLeftovers bool
 	// NoRawCopy skips the raw-copy baseline; effects-only always runs
 	// (it is the reference the runs' tables are checked against).
 	NoRawCopy bool
@@ -243,11 +248,17 @@ func (c Config) Validate() error {
 	if c.Events < 1 {
 		bad("Events", c.Events, "at least 1")
 	}
-	if c.Duplicates < 0 || c.Duplicates > 1 {
+	if !(c.Duplicates >= 0 && c.Duplicates <= 1) { // NaN too
 		bad("Duplicates", c.Duplicates, "a share from 0 to 1")
+	} else if n := float64(c.Events) * (1 + c.Duplicates); c.Events >= 1 && n > MaxRecords {
+		bad("Events", c.Events, "with Duplicates %g, %.0f records: at most %d records, since the stream is held in memory for the whole run "+
+			"(about %d bytes a record besides its payload, and the embedded kfake holds the topic too)", c.Duplicates, n, MaxRecords, RecordBytes)
 	}
 	if c.Partitions < 1 {
 		bad("Partitions", c.Partitions, "at least 1")
+	} else if c.Partitions > MaxPartitions {
+		bad("Partitions", c.Partitions, "at most %d: each member runs a worker per partition it holds, "+
+			"and a group on the embedded kfake never became ready with 100000", MaxPartitions)
 	}
 	if c.Members < 1 {
 		bad("Members", c.Members, "at least 1")
@@ -317,7 +328,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if !validSchemaPrefix(c.Schema) {
-		bad("Schema", fmt.Sprintf("%q", c.Schema), "lower-case letters, digits and _ only, starting with a letter, at most 30")
+		bad("Schema", fmt.Sprintf("%q", c.Schema), "lower-case letters, digits and _ only, starting with a letter, at most 30, not pg_ (Postgres keeps it for its own schemas)")
 	}
 	d := c.Consumer.Decode
 	switch {
@@ -331,8 +342,28 @@ func (c Config) Validate() error {
 	return errors.Join(ps...)
 }
 
+// MaxRecords bounds a stream's records (Events × (1 + Duplicates)): the
+// stream is generated before the runs and held in memory until the last,
+// each record about RecordBytes besides its payload (its Kafka record,
+// and each event's for the baselines), and the embedded kfake holds a
+// copy of the topic: 10 million records are some 6 GB.
+const MaxRecords = 10_000_000
+
+// RecordBytes is about what a generated record takes in memory besides
+// its payload (measured: 540 to 580 bytes with 30 % redeliveries).
+const RecordBytes = 550
+
+// MaxPartitions bounds Partitions: a group on the embedded kfake never
+// became ready with 100 000 (bench waited for the brokers), and a
+// benchmark's few members each run a worker per partition they hold;
+// 1000 is far above what a topic of a few members needs.
+const MaxPartitions = 1000
+
+// validSchemaPrefix: a name Postgres takes for a schema unquoted, that
+// leaves room for _<random>_<run>_r<round>_t in its 63 bytes; not pg_,
+// which Postgres keeps for its own schemas.
 func validSchemaPrefix(s string) bool {
-	if s == "" || len(s) > 30 || s[0] < 'a' || s[0] > 'z' {
+	if s == "" || len(s) > 30 || s[0] < 'a' || s[0] > 'z' || strings.HasPrefix(s, "pg_") {
 		return false
 	}
 	for _, c := range s {

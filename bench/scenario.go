@@ -2,8 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"sync"
@@ -32,8 +30,8 @@ type kafkaTopic struct {
 }
 
 // openKafka starts the embedded cluster with topic, or creates a topic of
-// its own on c.Brokers.
-func openKafka(ctx context.Context, c Config) (*kafkaTopic, error) {
+// its own on c.Brokers, Topic-bench-<id> (id: the run's, see runLock).
+func openKafka(ctx context.Context, c Config, id string) (*kafkaTopic, error) {
 	if len(c.Brokers) == 0 {
 		cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(c.Partitions), c.Topic),
 			kfake.GroupMinSessionTimeout(100*time.Millisecond),
@@ -50,9 +48,7 @@ func openKafka(ctx context.Context, c Config) (*kafkaTopic, error) {
 		}
 		return &kafkaTopic{brokers: cl.ListenAddrs(), topic: c.Topic, close: func(context.Context) error { cl.Close(); return nil }}, nil
 	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	topic := c.Topic + "-bench-" + hex.EncodeToString(b)
+	topic := c.Topic + "-bench-" + id
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.KafkaOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)

@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,6 +53,7 @@ type benchOptions struct {
 	out              string
 	compare          string
 	schema           string
+	dropLeftovers    bool
 }
 
 // brokersFromConfig is --brokers given alone: the config's kafka.brokers.
@@ -118,7 +122,17 @@ meanwhile are counted). --cpuprofile FILE profiles the steady run (or
 --cpuprofile-of's).
 
 Output: a progress line on stderr, the table on stdout, results.json and
-results.md in --out; --compare OLD/results.json prints the difference.`,
+results.md in --out; --compare OLD/results.json prints the difference,
+pairing runs by scenario and group protocol (steady with an earlier
+steady-classic). The stream is held in memory: --events with its
+--duplicates make at most 10 000 000 records.
+
+Ctrl-C, SIGTERM or a closed output (| head) interrupts a run, which drops
+its schemas and topic. A run killed outright (SIGKILL) leaves them: each
+run holds a Postgres advisory lock for its life, and the next one lists at
+its start the schemas (and with --brokers the topics) that no running bench
+holds, with the commands that drop them; --drop-leftovers drops them (alone,
+without --sample or --template, it only drops).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBench(cmd, o)
@@ -127,12 +141,14 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f := cmd.Flags()
 	f.StringVar(&o.sample, "sample", "", "payloads: a file of JSON lines, used in turn")
 	f.StringVar(&o.template, "template", "", "payloads: a JSON template ({{int 1 100}}, {{decimal 0.01 999.99 2}}, ...; see --help)")
-	f.IntVar(&o.events, "events", 100000, "unique events per run")
+	f.IntVar(&o.events, "events", 100000, fmt.Sprintf("unique events per run; with --duplicates' redeliveries at most %d records, "+
+		"since the stream is held in memory for the whole run (about %d bytes a record besides its payload, and the embedded kfake holds the topic too)",
+		bench.MaxRecords, bench.RecordBytes))
 	f.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries per event, 0 to 1")
-	f.IntVar(&o.partitions, "partitions", 12, "partitions of the benchmark's topic")
+	f.IntVar(&o.partitions, "partitions", 12, fmt.Sprintf("partitions of the benchmark's topic, at most %d", bench.MaxPartitions))
 	f.IntVar(&o.members, "members", 3, "group members at once")
 	f.StringSliceVar(&o.scenarios, "scenarios", []string{bench.Steady, bench.Storm, bench.Replay}, "scenarios: steady, storm, replay")
-	f.IntVar(&o.rounds, "rounds", 1, "run everything this many times and report the median")
+	f.IntVar(&o.rounds, "rounds", 1, "run everything this many times and report the median round (of an even number, the lower of the middle two)")
 	f.StringVar(&o.brokers, "brokers", "", "a real Kafka: alone, the config's kafka.brokers; =HOST:PORT,... others (default: embedded kfake)")
 	f.Lookup("brokers").NoOptDefVal = brokersFromConfig
 	f.StringVar(&o.topic, "topic", "", "the topic the stream stands for (default: the first of kafka.topics)")
@@ -157,7 +173,9 @@ results.md in --out; --compare OLD/results.json prints the difference.`,
 	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
 	f.StringVar(&o.out, "out", "onceflow-bench", "directory for results.json, results.md and the throughput plots")
 	f.StringVar(&o.compare, "compare", "", "an earlier results.json: print the difference")
-	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas")
+	f.BoolVar(&o.dropLeftovers, "drop-leftovers", false, "drop, at the start, the schemas of --bench-schema (with --brokers, the topics <topic>-bench-*) "+
+		"that killed runs left and no running bench holds; without --sample or --template, drop them and stop")
+	f.StringVar(&o.schema, "bench-schema", "onceflow_bench", "prefix of the runs' schemas: lower-case letters, digits and _, at most 30, not pg_")
 	return cmd
 }
 
@@ -167,7 +185,18 @@ var benchBinds = slices.DeleteFunc(slices.Clone(binds), func(f config.Flag) bool
 
 func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	var ps []error
+	// --drop-leftovers alone drops what killed runs left, and runs
+	// nothing: it needs the database (and the brokers), no payloads.
+	dropOnly := o.dropLeftovers && o.sample == "" && o.template == ""
+	// Without a config there are only the demo's Go handlers (the
+	// registry's defaults), which parse the demo's orders: on a user's
+	// payloads they would fail after the stream is produced, naming no
+	// sample line.
+	if file, _ := cmd.Flags().GetString("config"); file == "" && !dropOnly {
+		ps = append(ps, errors.New("no --config: bench measures a config's handlers on your payloads (benchmarks/demo.yaml is the demo's, for benchmarks/orders.jsonl)"))
+	}
 	switch {
+	case dropOnly:
 	case o.sample == "" && o.template == "":
 		ps = append(ps, errors.New("no payloads: give --sample FILE.jsonl or --template FILE.json"))
 	case o.sample != "" && o.template != "":
@@ -239,8 +268,8 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	for _, p := range bench.Problems(early.Validate()) {
 		var ce *bench.ConfigError
-		if errors.As(p, &ce) && slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic", "GroupProtocols",
-			"Events", "Partitions", "Members", "Rounds", "StormChanges", "PoolSize"}, ce.Field) {
+		if errors.As(p, &ce) && (slices.Contains([]string{"Pool", "Handlers", "Payloads", "Topic", "GroupProtocols"}, ce.Field) ||
+			slices.Contains([]string{"Events", "Partitions", "Members", "Rounds", "StormChanges", "PoolSize"}, ce.Field) && ce.Problem == "at least 1") {
 			continue // checked above, or once the config is loaded
 		}
 		ps = append(ps, flagProblem(p))
@@ -248,9 +277,11 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// --out and --compare before the run, which may take minutes: the
 	// earlier results are read now, before this run's overwrite them in
 	// the same --out.
-	created, err := usableDir(o.out)
-	if err != nil {
-		ps = append(ps, err)
+	var created string
+	if !dropOnly {
+		if created, err = usableDir(o.out); err != nil {
+			ps = append(ps, err)
+		}
 	}
 	var old *bench.Results
 	if o.compare != "" {
@@ -259,26 +290,18 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			ps = append(ps, fmt.Errorf("--compare: %w", err))
 		}
 	}
-	if err := errors.Join(ps...); err != nil {
-		if created {
-			_ = os.Remove(o.out) // made empty just now: a refused run leaves nothing
+	// A run that writes nothing to --out leaves no directory it made.
+	defer func() {
+		if created != "" {
+			removeEmptyDirs(o.out, created)
 		}
+	}()
+	if err := errors.Join(ps...); err != nil {
 		return err
 	}
 	a, err := loadBinding(cmd, benchBinds)
 	if err != nil {
 		return err
-	}
-	path, isTemplate := o.sample, false
-	if o.template != "" {
-		path, isTemplate = o.template, true
-	}
-	payloads, err := bench.LoadPayloads(path, isTemplate)
-	if err != nil {
-		if isTemplate {
-			return fmt.Errorf("--template: %w", err)
-		}
-		return fmt.Errorf("--sample: %w", err)
 	}
 	topic := o.topic
 	if topic == "" && len(a.cfg.Kafka.Topics) > 0 {
@@ -291,6 +314,20 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		brokers = a.cfg.Kafka.Brokers
 	default:
 		brokers = strings.Split(o.brokers, ",")
+	}
+	if dropOnly {
+		return dropLeftovers(cmd, a, bench.Config{Schema: o.schema, Topic: topic, Brokers: brokers})
+	}
+	path, isTemplate := o.sample, false
+	if o.template != "" {
+		path, isTemplate = o.template, true
+	}
+	payloads, err := bench.LoadPayloads(path, isTemplate)
+	if err != nil {
+		if isTemplate {
+			return fmt.Errorf("--template: %w", err)
+		}
+		return fmt.Errorf("--sample: %w", err)
 	}
 	pool, err := a.openPool(cmd.Context(), 2)
 	if err != nil {
@@ -321,7 +358,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
 		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
 		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
-		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy,
+		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy, DropLeftovers: o.dropLeftovers,
 		Progress: cmd.ErrOrStderr(), Logger: benchLogger(a.cfg.Log),
 	}
 	if len(brokers) > 0 {
@@ -360,8 +397,13 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// The checkout is read before the run: a run takes minutes, and a
 	// commit or a merge made meanwhile is not the code that ran.
 	checkout := checkoutBuild()
-	res, runErr := bench.Run(cmd.Context(), cfg)
-	if interrupted := runErr != nil && cmd.Context().Err() != nil; interrupted || res == nil || len(res.Summary) == 0 {
+	// A closed stdout or stderr (bench ... | head) interrupts the run as
+	// Ctrl-C does, so that it drops its schemas and topic: by default Go
+	// ends a process that writes to a broken pipe on fd 1 or 2 at once.
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGPIPE)
+	defer stop()
+	res, runErr := bench.Run(ctx, cfg)
+	if interrupted := runErr != nil && ctx.Err() != nil; interrupted || res == nil || len(res.Summary) == 0 {
 		if o.keep && res != nil && len(res.Schemas) > 0 {
 			fmt.Fprintf(cmd.ErrOrStderr(), "kept schemas: %s\n", keptSchemas(res))
 		}
@@ -373,13 +415,17 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if res.Settings.Build == "" {
 		res.Settings.Build = checkout
 	}
+	// The files before the table: a stdout closed meanwhile (| head)
+	// fails the table, not the results.
+	created = "" // --out is written
+	werr := res.WriteFiles(o.out, benchCommandLine(os.Args[1:]))
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out)
 	if err := res.WriteTable(out); err != nil {
-		return err
+		return errors.Join(runErr, err)
 	}
-	if err := res.WriteFiles(o.out, benchCommandLine(os.Args[1:])); err != nil {
-		return errors.Join(runErr, fmt.Errorf("--out: %w", err))
+	if werr != nil {
+		return errors.Join(runErr, fmt.Errorf("--out: %w", werr))
 	}
 	fmt.Fprintf(out, "results: %s/results.json, %s/results.md\n", o.out, o.out)
 	if o.keep {
@@ -417,10 +463,7 @@ func flagProblem(err error) error {
 	if !ok {
 		return err
 	}
-	if ce.Value != "" {
-		return fmt.Errorf("%s %s: %s", name, ce.Value, ce.Problem)
-	}
-	// A sentence naming its fields: each said by its flag.
+	// The problem's words that name fields are said by their flags.
 	words := strings.Fields(ce.Problem)
 	for i, w := range words {
 		core := strings.TrimRight(strings.TrimLeft(w, "("), "):,")
@@ -429,6 +472,9 @@ func flagProblem(err error) error {
 		}
 	}
 	msg := strings.Join(words, " ")
+	if ce.Value != "" {
+		return fmt.Errorf("%s %s: %s", name, ce.Value, msg)
+	}
 	if ce.Field == "Topic" {
 		msg = "no topic: give --topic or kafka.topics"
 	}
@@ -436,19 +482,26 @@ func flagProblem(err error) error {
 }
 
 // usableDir checks that dir can take bench's output files: a directory
-// (created if missing: created says so) in which a file can be written.
-func usableDir(dir string) (created bool, err error) {
+// (created if missing, with its missing parents: created is the first of
+// them, "" when dir was there) in which a file can be written.
+func usableDir(dir string) (created string, err error) {
 	st, err := os.Stat(dir)
 	switch {
 	case err == nil && !st.IsDir():
-		return false, fmt.Errorf("--out %s: not a directory", dir)
+		return "", fmt.Errorf("--out %s: not a directory", dir)
 	case errors.Is(err, os.ErrNotExist):
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return false, fmt.Errorf("--out: %w", err)
+		created = filepath.Clean(dir)
+		for p := filepath.Dir(created); p != created; p = filepath.Dir(p) {
+			if _, err := os.Stat(p); err == nil {
+				break
+			}
+			created = p
 		}
-		created = true
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", fmt.Errorf("--out: %w", err)
+		}
 	case err != nil:
-		return false, fmt.Errorf("--out: %w", err)
+		return "", fmt.Errorf("--out: %w", err)
 	}
 	f, err := os.CreateTemp(dir, ".onceflow-bench-*")
 	if err != nil {
@@ -458,6 +511,42 @@ func usableDir(dir string) (created bool, err error) {
 	_ = f.Close()
 	_ = os.Remove(name)
 	return created, nil
+}
+
+// removeEmptyDirs removes dir and its parents up to top, which usableDir
+// made, while they are empty: what was there, or was put there since, is
+// left.
+func removeEmptyDirs(dir, top string) {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if os.Remove(d) != nil || d == top || filepath.Dir(d) == d {
+			return
+		}
+	}
+}
+
+// dropLeftovers drops the schemas and topics of c.Schema and c.Topic that
+// killed runs left and no running bench holds (bench.FindLeftovers), and
+// says which.
+func dropLeftovers(cmd *cobra.Command, a *app, c bench.Config) error {
+	pool, err := a.openPool(cmd.Context(), 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c.Pool = pool
+	if len(c.Brokers) > 0 {
+		c.KafkaOptions = a.kafkaSecurity
+	}
+	l, err := bench.FindLeftovers(cmd.Context(), c, "", true)
+	if err != nil {
+		return err
+	}
+	if l.Empty() {
+		fmt.Fprintf(cmd.OutOrStdout(), "no leftovers of %s_* runs\n", c.Schema)
+		return nil
+	}
+	fmt.Fprint(cmd.OutOrStdout(), l.Report(true))
+	return nil
 }
 
 // benchHandlers returns the handlers of the config that consume topic,

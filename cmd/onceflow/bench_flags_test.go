@@ -27,6 +27,11 @@ func TestBenchFlagsAllNamed(t *testing.T) {
 			[]string{"no payloads", "--events 0: at least 1", "--duplicates 5: a share from 0 to 1", "--storm-every -1s: not negative",
 				`--bench-schema "BAD"`, `--cpuprofile-of "zz"`, `--scenarios "nope"`, "--pool 0: at least 1", "--members 0: at least 1"}},
 		{"empty scenarios", []string{"--sample", "x.jsonl", "--scenarios", ""}, []string{"--scenarios: none given"}},
+		{"no config", []string{"--config", "", "--sample", "x.jsonl"}, []string{"no --config: bench measures a config's handlers"}},
+		{"values that would crash or hang", []string{"--duplicates", "NaN", "--partitions", "100000", "--bench-schema", "pg_x"},
+			[]string{"--duplicates NaN: a share from 0 to 1", "--partitions 100000: at most 1000", `--bench-schema "pg_x"`, "not pg_"}},
+		{"a stream too big to hold", []string{"--events", "1000000000000"},
+			[]string{"--events 1000000000000: with --duplicates 0.3, 1300000000000 records: at most 10000000 records"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -197,5 +202,39 @@ SELECT event_id, payload->>'account', (payload->>'amount')::numeric, "timestamp"
 		if !strings.Contains(all, "kept schemas: ") || !strings.Contains(all, run) {
 			t.Errorf("output lacks the kept schema of %s:\n%s", run, all)
 		}
+	}
+}
+
+// A run that writes nothing to --out removes the directories it made for
+// it, refused before or after the config is read; a directory that was
+// there stays.
+func TestBenchRefusedLeavesNoOut(t *testing.T) {
+	_, config := benchUser(t, "127.0.0.1:1", "payments-"+randomHex(4), benchPaymentsSQL)
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"bad flag", []string{"--sample", "x.jsonl", "--events", "0"}},
+		{"missing sample", []string{"--sample", filepath.Join(t.TempDir(), "none.jsonl")}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			top := t.TempDir()
+			there := filepath.Join(top, "there")
+			if err := os.Mkdir(there, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, out := range []string{filepath.Join(top, "a", "b"), there} {
+				var stderr bytes.Buffer
+				if _, err := runCLI(t, &stderr, append([]string{"bench", "--config", config, "--out", out}, tt.args...)...); err == nil {
+					t.Fatal("bench ran")
+				}
+			}
+			if _, err := os.Stat(filepath.Join(top, "a")); !os.IsNotExist(err) {
+				t.Errorf("%s/a left (%v)", top, err)
+			}
+			if _, err := os.Stat(there); err != nil {
+				t.Errorf("the --out that was there: %v", err)
+			}
+		})
 	}
 }
