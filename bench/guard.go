@@ -34,16 +34,26 @@ import (
 //     probe did not take is detected, not prevented.
 
 // WroteError is a run that a handler's transaction wrote, or took a
-// writer's lock on, a table outside the benchmark's schemas: bench rolled
-// that transaction back (nothing of it was kept) and ended the run.
+// writer's lock on, a table outside the benchmark's schemas, or changed
+// the database's catalog (DDL, GRANT, a role's settings, a large object):
+// bench rolled that transaction back (nothing of it was kept) and ended
+// the run.
 type WroteError struct {
-	Handler string
-	Tables  []string // schema.name, unquoted
+	Handler  string
+	Tables   []string // schema.name, unquoted
+	Catalogs []string // the system catalogs written (pg_class, pg_proc...)
 }
 
 func (e *WroteError) Error() string {
-	return fmt.Sprintf("handler %s wrote your table %s (through a view, a function, an operator, an aggregate, a cast or a policy its statement reaches): bench stopped and rolled that transaction back; nothing of it was kept",
-		e.Handler, strings.Join(e.Tables, ", "))
+	var what []string
+	if len(e.Tables) > 0 {
+		what = append(what, "wrote your table "+strings.Join(e.Tables, ", "))
+	}
+	if len(e.Catalogs) > 0 {
+		what = append(what, "changed the database's definitions (CREATE, ALTER, DROP, GRANT, COMMENT, a role's settings or a large object: it wrote the catalog "+strings.Join(e.Catalogs, ", ")+")")
+	}
+	return fmt.Sprintf("handler %s %s (through a view, a function, an operator, an aggregate, a cast or a policy its statement reaches): bench stopped and rolled that transaction back; nothing of it was kept",
+		e.Handler, strings.Join(what, " and "))
 }
 
 // runGuard is what one run (the schemas Create made) checks against: the
@@ -51,7 +61,9 @@ func (e *WroteError) Error() string {
 // Tables created later are not covered. Safe for concurrent use.
 type runGuard struct {
 	tables  []uint32          // every ordinary and partitioned table (partitions too) outside the benchmarks' schemas and Postgres' own
+	names   map[uint32]string // tables' schema.name, which a table dropped in the transaction no longer has there
 	oids    string            // tables as an oid[] literal: a text argument, whatever the connections' exec mode
+	catalog string            // the system catalogs (pg_catalog's tables) as an oid[] literal
 	seqs    map[string]*int64 // the user's sequences' last values (nil: never called), by name
 	schemas []string          // whose sequences are in seqs, with the search_path's
 }
@@ -63,29 +75,54 @@ type runGuard struct {
 // of the database, which bench cannot tell from its own. A sequence the
 // user may not read is left out.
 func newRunGuard(ctx context.Context, db *pgxpool.Pool, schemas []string) (*runGuard, error) {
-	rows, err := db.Query(ctx, `SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	type table struct {
+		OID  uint32
+		Name string
+	}
+	rows, err := db.Query(ctx, `SELECT c.oid, format('%s.%s', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
   AND coalesce(obj_description(n.oid, 'pg_namespace'), '') <> $1`, benchSchemaComment)
 	if err != nil {
 		return nil, fmt.Errorf("list your tables: %w", err)
 	}
-	g := &runGuard{}
-	if g.tables, err = pgx.CollectRows(rows, pgx.RowTo[uint32]); err != nil {
+	ts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[table])
+	if err != nil {
 		return nil, fmt.Errorf("list your tables: %w", err)
 	}
-	var lit strings.Builder
-	for i, o := range g.tables {
-		if i > 0 {
-			lit.WriteByte(',')
-		}
-		fmt.Fprint(&lit, o)
+	g := &runGuard{names: make(map[uint32]string, len(ts))}
+	for _, t := range ts {
+		g.tables = append(g.tables, t.OID)
+		g.names[t.OID] = t.Name
 	}
-	g.oids = "{" + lit.String() + "}"
+	g.oids = oidArray(g.tables)
+	rows, err = db.Query(ctx, `SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'r'`)
+	if err != nil {
+		return nil, fmt.Errorf("list the system catalogs: %w", err)
+	}
+	cs, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+	if err != nil {
+		return nil, fmt.Errorf("list the system catalogs: %w", err)
+	}
+	g.catalog = oidArray(cs)
 	g.schemas = schemas
 	if g.seqs, err = lastValues(ctx, db, schemas); err != nil {
 		return nil, err
 	}
 	return g, nil
+}
+
+// oidArray is os as an oid[] literal.
+func oidArray(os []uint32) string {
+	var lit strings.Builder
+	lit.WriteByte('{')
+	for i, o := range os {
+		if i > 0 {
+			lit.WriteByte(',')
+		}
+		fmt.Fprint(&lit, o)
+	}
+	lit.WriteByte('}')
+	return lit.String()
 }
 
 // lastValues reads the last value of every sequence of schemas and of the
@@ -116,11 +153,15 @@ SELECT name, pg_sequence_last_value(oid) FROM readable`, benchSchemaComment, sch
 	return out, nil
 }
 
-// guardSQL names the tables of $1 that the transaction wrote (Postgres'
+// guardSQL returns the tables of $1 that the transaction wrote (Postgres'
 // counters of its inserts, updates and deletes, which count what
 // functions, views, rules and policies did too) or holds a lock on that
 // only a writer takes (TRUNCATE, which the counters do not see, ALTER,
-// and an INSERT, UPDATE, DELETE or MERGE that changed no row).
+// DROP, and an INSERT, UPDATE, DELETE or MERGE that changed no row), as
+// (oid, NULL), and the system catalogs of $2 it wrote (any DDL, GRANT,
+// ALTER ROLE, a large object), as (NULL, name). A transaction of the
+// benchmark's own writes no catalog: its batches claim, apply and store
+// offsets in tables that exist.
 const guardSQL = `WITH hit(o) AS (
     SELECT o FROM unnest($1::text::oid[]) o
     WHERE pg_stat_get_xact_tuples_inserted(o) + pg_stat_get_xact_tuples_updated(o) + pg_stat_get_xact_tuples_deleted(o) > 0
@@ -129,16 +170,33 @@ const guardSQL = `WITH hit(o) AS (
     WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation = ANY ($1::text::oid[])
       AND l.mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
 )
-SELECT format('%s.%s', n.nspname, c.relname) FROM hit JOIN pg_class c ON c.oid = hit.o JOIN pg_namespace n ON n.oid = c.relnamespace ORDER BY 1`
+SELECT o, NULL::text FROM hit
+UNION ALL
+SELECT NULL, c::regclass::text FROM unnest($2::text::oid[]) c
+WHERE pg_stat_get_xact_tuples_inserted(c) + pg_stat_get_xact_tuples_updated(c) + pg_stat_get_xact_tuples_deleted(c) > 0`
 
-// wrote returns the user's tables tx has written so far (guardSQL): one
+// wrote returns the user's tables tx has written so far, by name as they
+// were when g was made, and the system catalogs it wrote (guardSQL): one
 // query.
-func (g *runGuard) wrote(ctx context.Context, tx pgx.Tx) ([]string, error) {
-	rows, err := tx.Query(ctx, guardSQL, g.oids)
+func (g *runGuard) wrote(ctx context.Context, tx pgx.Tx) (tables, catalogs []string, err error) {
+	rows, err := tx.Query(ctx, guardSQL, g.oids, g.catalog)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	var o *uint32
+	var c *string
+	_, err = pgx.ForEachRow(rows, []any{&o, &c}, func() error {
+		switch {
+		case o != nil:
+			tables = append(tables, g.names[*o])
+		case c != nil:
+			catalogs = append(catalogs, *c)
+		}
+		return nil
+	})
+	slices.Sort(tables)
+	slices.Sort(catalogs)
+	return tables, catalogs, err
 }
 
 // moved returns an error naming each of the user's sequences whose last
@@ -199,14 +257,14 @@ func (h guarded) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) erro
 	if err := h.Handler.Apply(ctx, tx, events); err != nil {
 		return err
 	}
-	ts, err := h.g.wrote(ctx, tx)
+	ts, cs, err := h.g.wrote(ctx, tx)
 	if err != nil {
 		return fmt.Errorf("check that handler %s wrote none of your tables: %w", h.Name(), err)
 	}
-	if len(ts) == 0 {
+	if len(ts) == 0 && len(cs) == 0 {
 		return nil
 	}
-	werr := &WroteError{Handler: h.Name(), Tables: ts}
+	werr := &WroteError{Handler: h.Name(), Tables: ts, Catalogs: cs}
 	if h.stop != nil {
 		h.stop(werr)
 	}

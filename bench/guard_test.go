@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +18,9 @@ import (
 // indirectDB is userDB with the paths by which a statement that bench
 // accepts statically reaches a write of the user's: audit (two rows)
 // written by wr(), ref_seq (at 100) advanced by a view, and an operator,
-// an aggregate, a cast and a STABLE function over wr(). wr() writes only
-// where when allows it (a SQL condition; "true": always).
+// an aggregate, a cast and a STABLE function over wr(); audit dropped by
+// dd() (DDL by EXECUTE) through a view. wr() and dd() write only where
+// when allows it (a SQL condition; "true": always).
 func indirectDB(t *testing.T, when string) (*pgxpool.Pool, string) {
 	t.Helper()
 	up, us, _ := userDB(t)
@@ -31,7 +33,10 @@ func indirectDB(t *testing.T, when string) (*pgxpool.Pool, string) {
 BEGIN IF %s THEN INSERT INTO %s.audit VALUES (a, 'bench'); END IF; RETURN a + b; END $$`, when, us),
 		fmt.Sprintf(`CREATE FUNCTION nv() RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 BEGIN IF %s THEN RETURN nextval('%s.ref_seq'); END IF; RETURN 0; END $$`, when, us),
+		fmt.Sprintf(`CREATE FUNCTION dd() RETURNS int LANGUAGE plpgsql VOLATILE AS $$
+BEGIN IF %s THEN EXECUTE 'DROP TABLE %s.audit'; END IF; RETURN 0; END $$`, when, us),
 		`CREATE VIEW volv AS SELECT wr(1, 1) AS x`,
+		`CREATE VIEW ddlv AS SELECT dd() AS x`,
 		`CREATE VIEW seqv AS SELECT nv() AS x`,
 		`CREATE OPERATOR @+@ (LEFTARG = int, RIGHTARG = int, FUNCTION = wr)`,
 		`CREATE AGGREGATE wsum(int) (SFUNC = wr, STYPE = int, INITCOND = '0')`,
@@ -69,6 +74,7 @@ var indirect = []struct{ name, sql string }{
 	{"aggregate", `INSERT INTO payments (event_id, account, amount, paid_at) SELECT event_id, 'a' || wsum(1), 1, min("timestamp") FROM events GROUP BY event_id`},
 	{"cast", `INSERT INTO payments (event_id, account, amount, paid_at) SELECT event_id, 'a', (((payload->>'amount')::numeric)::m2).v, "timestamp" FROM events`},
 	{"stable", `INSERT INTO payments (event_id, account, amount, paid_at) SELECT event_id, 'a' || st2(1), 1, "timestamp" FROM events`},
+	{"ddl", `INSERT INTO payments (event_id, account, amount, paid_at) SELECT event_id, 'a' || v.x, 1, "timestamp" FROM events, ddlv v`},
 	{"policy", `INSERT INTO payments (event_id, account, amount, paid_at) SELECT event_id, 'a' || r.k, 1, "timestamp" FROM events, {{rls}}.rates r`},
 }
 
@@ -136,6 +142,9 @@ func TestRunStopsIndirectWritesTheProbeMissed(t *testing.T) {
 				if !errors.As(err, &we) || we.Handler != h || !strings.Contains(err.Error(), us+".audit") {
 					t.Errorf("Run: %v; want a *WroteError naming %s and %s.audit", err, h, us)
 				}
+				if c.name == "ddl" && (we == nil || !slices.Contains(we.Catalogs, "pg_class")) {
+					t.Errorf("Run: %v; want the catalog pg_class named (audit dropped)", err)
+				}
 			}
 			sameSnapshot(t, before, after)
 		})
@@ -202,10 +211,36 @@ func TestGuardSeesWritesOutsideTheRunsSchemas(t *testing.T) {
 	if _, err := tx.Exec(ctx, fmt.Sprintf("TRUNCATE %q.audit", us)); err != nil {
 		t.Fatal(err)
 	}
-	ts, err := g.wrote(ctx, tx)
+	ts, cs, err := g.wrote(ctx, tx)
 	_ = tx.Rollback(ctx)
-	if err != nil || len(ts) != 1 || ts[0] != us+".audit" {
-		t.Errorf("after TRUNCATE the guard saw %v (%v), want [%s.audit]", ts, err, us)
+	if err != nil || len(ts) != 1 || ts[0] != us+".audit" || !slices.Contains(cs, "pg_class") {
+		t.Errorf("after TRUNCATE the guard saw %v and catalogs %v (%v), want [%s.audit] and pg_class (its new file)", ts, cs, err, us)
+	}
+	// Definitions changed by a function the statement reaches (a
+	// handler could run any of these through EXECUTE) are seen in the
+	// catalogs they write, a table dropped by its name as it was.
+	for _, c := range []struct {
+		ddl, table, catalog string
+	}{
+		{fmt.Sprintf(`DROP TABLE %q.audit`, us), us + ".audit", "pg_class"},
+		{fmt.Sprintf(`CREATE OR REPLACE FUNCTION %q.guard_fn() RETURNS int LANGUAGE sql AS 'SELECT 2'`, us), "", "pg_proc"},
+		{fmt.Sprintf(`GRANT ALL ON %q.audit TO PUBLIC`, us), "", "pg_class"},
+		{fmt.Sprintf(`CREATE TABLE %q.guard_new (n int)`, us), "", "pg_class"},
+		{fmt.Sprintf(`ALTER SEQUENCE %q.ref_seq RESTART WITH 5`, us), "", "pg_sequence"},
+	} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, c.ddl); err != nil {
+			_ = tx.Rollback(ctx)
+			t.Fatalf("%s: %v", c.ddl, err)
+		}
+		ts, cs, err := g.wrote(ctx, tx)
+		_ = tx.Rollback(ctx)
+		if err != nil || (c.table != "" && !slices.Contains(ts, c.table)) || !slices.Contains(cs, c.catalog) {
+			t.Errorf("after %s the guard saw tables %v and catalogs %v (%v), want %q and the catalog %s", c.ddl, ts, cs, err, c.table, c.catalog)
+		}
 	}
 	sameSnapshot(t, before, snapshot(t, up, us))
 }
@@ -277,8 +312,8 @@ func BenchmarkGuard(b *testing.B) {
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		if ts, err := g.wrote(ctx, tx); err != nil || len(ts) > 0 {
-			b.Fatalf("wrote: %v %v", ts, err)
+		if ts, cs, err := g.wrote(ctx, tx); err != nil || len(ts) > 0 || len(cs) > 0 {
+			b.Fatalf("wrote: %v %v %v", ts, cs, err)
 		}
 	}
 }
