@@ -213,6 +213,10 @@ func (g *runGuard) moved(ctx context.Context, db *pgxpool.Pool) error {
 		if !ok || (was == nil && is == nil) || (was != nil && is != nil && *was == *is) {
 			continue // dropped, or unmoved
 		}
+		if is == nil { // ALTER SEQUENCE … RESTART, or setval(…, false)
+			ms = append(ms, fmt.Sprintf("%s reset from %s (not called since)", n, lastValue(was)))
+			continue
+		}
 		ms = append(ms, fmt.Sprintf("%s moved from %s to %s", n, lastValue(was), lastValue(is)))
 	}
 	if len(ms) > 0 {

@@ -394,9 +394,15 @@ func Compare(w io.Writer, old, cur *Results) error {
 	fmt.Fprintf(w, "before: %s\nnow:    %s\n", old.PriceLine(), cur.PriceLine())
 	a, b := old.Settings, cur.Settings
 	var diff []string
+	show := func(v any) string {
+		if l, ok := v.([]string); ok { // a list as the flags take it, not Go's [a b]
+			return orDash(strings.Join(l, ","))
+		}
+		return fmt.Sprint(v)
+	}
 	add := func(k string, x, y any) {
-		if fmt.Sprint(x) != fmt.Sprint(y) {
-			diff = append(diff, fmt.Sprintf("%s %v → %v", k, x, y))
+		if show(x) != show(y) {
+			diff = append(diff, fmt.Sprintf("%s %s → %s", k, show(x), show(y)))
 		}
 	}
 	sa, sb := scenarios(oldKeys, old), scenarios(curKeys, cur)

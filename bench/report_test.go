@@ -203,6 +203,11 @@ func TestCompareAndPriceLine(t *testing.T) {
 	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "rounds 2 → 1") {
 		t.Errorf("Compare: %v\n%s\nwant rounds 2 → 1", err, b.String())
 	}
+	old.Settings.GroupProtocols, cur.Settings.GroupProtocols = []string{"classic"}, []string{"classic", "consumer"}
+	b.Reset()
+	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "group_protocols classic → classic,consumer") {
+		t.Errorf("Compare: %v\n%s\nwant group_protocols classic → classic,consumer (as the flag takes them)", err, b.String())
+	}
 	two := &Results{Settings: Settings{GroupProtocols: []string{"classic", "consumer"}},
 		Summary: []Line{{Name: EffectsOnly, EventsPerSec: 100}, {Name: "steady-classic", EventsPerSec: 50}, {Name: "steady-consumer", EventsPerSec: 40}}}
 	summarizePrices(two)
