@@ -1,0 +1,163 @@
+package sink_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/orders"
+	"github.com/onceflow/onceflow/sink"
+	"github.com/onceflow/onceflow/sink/sinktest"
+)
+
+// A claim that meets a concurrent one (a key of its batch claimed by
+// another transaction meanwhile) makes the Writer claim by insert until
+// sink.InsertRun claims in a row meet none; a contended claim by insert
+// starts the run again. Each key lost to the other transaction is skipped,
+// every other key applied once.
+func TestWriteInsertsAfterContention(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool, orders.Migrate)
+	ctx := t.Context()
+	rec := tracetest.NewSpanRecorder()
+	w := writerWith(t, pool, schema, sink.Config{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))})
+	epoch := take(t, w)
+	hn := len(orders.Names)
+	next := int64(0)
+	write := func(ids ...uuid.UUID) (sink.Result, error) {
+		vs := make([][]byte, len(ids))
+		for i := range ids {
+			vs[i] = order(int64(i+1), "A")
+		}
+		fence := next
+		if next == 0 {
+			fence = -1
+		}
+		res, err := w.Write(ctx, &sink.Batch{Topic: "orders", Partition: 0, Epoch: epoch, Fence: fence,
+			NextOffset: next + int64(len(ids)), Events: events(next, ids, vs)})
+		if err == nil {
+			next += int64(len(ids))
+		}
+		return res, err
+	}
+	// byInsert is the onceflow.claim.by_insert attribute of the last claim
+	// span, and whether it was contended.
+	byInsert := func() (insert, contended bool) {
+		t.Helper()
+		spans := rec.Ended()
+		for i := len(spans) - 1; i >= 0; i-- {
+			if spans[i].Name() != "dedup.claim" {
+				continue
+			}
+			seen := 0
+			for _, kv := range spans[i].Attributes() {
+				switch kv.Key {
+				case "onceflow.claim.by_insert":
+					insert = kv.Value.AsBool()
+					seen++
+				case "onceflow.claim.contended":
+					contended = kv.Value.AsBool()
+					seen++
+				}
+			}
+			if seen != 2 {
+				t.Fatalf("the last dedup.claim span has no by_insert and contended attributes: %v", spans[i].Attributes())
+			}
+			return insert, contended
+		}
+		t.Fatal("no dedup.claim span")
+		return false, false
+	}
+	// contended writes a new event and x, whose email key another
+	// transaction holds and commits while the Write waits for it.
+	contended := func(step string, wantInsert bool) {
+		t.Helper()
+		x, y := uuid.New(), uuid.New()
+		hold, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Rollback(context.Background()) //nolint:errcheck // committed below
+		if got, err := dedup.Claim(ctx, hold, schema, "kafka", "", []dedup.Key{{EventID: x, Handler: orders.Email}}, nil); err != nil || !got[0] {
+			t.Fatalf("%s: hold x: %v, %v", step, got, err)
+		}
+		type result struct {
+			res sink.Result
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := write(y, x)
+			done <- result{res, err}
+		}()
+		waitBlockedBy(t, pool, hold)
+		if err := hold.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("%s: %v", step, r.err)
+		}
+		if r.res.Applied != 2*hn-1 || r.res.SkippedPostgres != 1 {
+			t.Errorf("%s: applied %d, skipped %d; want %d, 1 (x's email lost to the other claim)", step, r.res.Applied, r.res.SkippedPostgres, 2*hn-1)
+		}
+		if insert, contended := byInsert(); insert != wantInsert || !contended {
+			t.Errorf("%s: claimed by insert %v, contended %v; want %v, true", step, insert, contended, wantInsert)
+		}
+	}
+	// quiet writes a new event and checks how it was claimed.
+	quiet := func(step string, wantInsert bool) {
+		t.Helper()
+		res, err := write(uuid.New())
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if res.Applied != hn {
+			t.Errorf("%s: applied %d, want %d", step, res.Applied, hn)
+		}
+		if insert, contended := byInsert(); insert != wantInsert || contended {
+			t.Errorf("%s: claimed by insert %v, contended %v; want %v, false", step, insert, contended, wantInsert)
+		}
+	}
+
+	quiet("a first batch", false)
+	contended("a contended COPY", false)
+	for i := range 3 {
+		quiet(fmt.Sprintf("batch %d after the contended COPY", i+1), true)
+	}
+	contended("a contended insert", true)
+	for i := range sink.InsertRun {
+		quiet(fmt.Sprintf("batch %d after the contended insert", i+1), true)
+	}
+	quiet(fmt.Sprintf("the batch after %d quiet inserts", sink.InsertRun), false)
+}
+
+// waitBlockedBy waits until a session waits for hold, an open transaction
+// that holds a key: only sessions hold blocks count, not the lock waits of
+// other tests sharing the database.
+func waitBlockedBy(t *testing.T, pool *pgxpool.Pool, hold pgx.Tx) {
+	t.Helper()
+	var pid uint32
+	if err := hold.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		if sinktest.Count(t, pool, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity WHERE %d = ANY(pg_blocking_pids(pid))`, pid)) > 0 {
+			return
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatal("no session waited for the held key")
+}
