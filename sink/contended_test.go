@@ -22,7 +22,8 @@ import (
 // another transaction meanwhile) makes the Writer claim by insert until
 // sink.InsertRun claims in a row meet none; a contended claim by insert
 // starts the run again. Each key lost to the other transaction is skipped,
-// every other key applied once.
+// every other key applied once; a redelivery with another payload is a
+// conflict by insert as by COPY.
 func TestWriteInsertsAfterContention(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool, orders.Migrate)
@@ -32,10 +33,14 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 	epoch := take(t, w)
 	hn := len(orders.Names)
 	next := int64(0)
+	var first uuid.UUID // the first batch's event, written with order(1, "A")
 	write := func(ids ...uuid.UUID) (sink.Result, error) {
 		vs := make([][]byte, len(ids))
-		for i := range ids {
+		for i, id := range ids {
 			vs[i] = order(int64(i+1), "A")
+			if id == first && next > 0 {
+				vs[i] = order(99, "B") // a redelivery with another payload
+			}
 		}
 		fence := next
 		if next == 0 {
@@ -128,10 +133,21 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 		}
 	}
 
-	quiet("a first batch", false)
+	first = uuid.New()
+	if res, err := write(first); err != nil || res.Applied != hn {
+		t.Fatalf("a first batch: applied %d, %v; want %d", res.Applied, err, hn)
+	}
 	contended("a contended COPY", false)
 	for i := range 3 {
 		quiet(fmt.Sprintf("batch %d after the contended COPY", i+1), true)
+	}
+	// A claim by insert still finds a duplicate first, and a conflicting
+	// one is refused.
+	if res, err := write(first); err != nil || res.Applied != 0 || res.Conflicts != 1 {
+		t.Errorf("the first event again with another payload, by insert: applied %d, conflicts %d, %v; want 0, 1", res.Applied, res.Conflicts, err)
+	}
+	if insert, contended := byInsert(); !insert || contended {
+		t.Errorf("the conflicting redelivery: claimed by insert %v, contended %v; want true, false", insert, contended)
 	}
 	contended("a contended insert", true)
 	for i := range sink.InsertRun {
