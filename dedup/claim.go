@@ -539,7 +539,9 @@ func (t tables) insertClaims(ctx context.Context, q Querier, c claimSet, claimed
 	for j, i := range c.todo {
 		ids[j] = uuidParam(c.keys[i].EventID)
 		handlers[j] = c.keys[i].Handler
-		ds[j] = c.digest(i)
+		if i < len(c.digests) && c.digests[i] != (Digest{}) {
+			ds[j] = c.digests[i][:] // in place: no copy of each digest
+		}
 	}
 	// The rows come in the order of todo; WITH ORDINALITY numbers them.
 	rows, err := q.Query(ctx, `INSERT INTO `+t.slice(c.slice)+` (event_id, handler, bus, trace_id, payload_digest, slice)
@@ -551,16 +553,63 @@ RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 	if err != nil {
 		return 0, fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
-	won, err := keySet(rows, len(c.todo))
+	n, err := c.readInserted(rows, claimed)
 	if err != nil {
 		return 0, fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
-	for _, i := range c.todo {
-		if _, ok := won[c.keys[i]]; ok {
-			claimed[i] = true
+	return n, nil
+}
+
+// readInserted reads the (event_id, handler) rows an insert of c returned,
+// sets claimed[i] for each key of c.todo among them and returns how many
+// there were. It reads the rows' raw values and finds each key by binary
+// search in c.todo, which is in (event_id, handler) order: no map, and no
+// string for each handler.
+func (c claimSet) readInserted(rows pgx.Rows, claimed []bool) (int, error) {
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 2 {
+			return 0, fmt.Errorf("%d columns returned, want 2", len(vals))
+		}
+		var id uuid.UUID
+		if rows.FieldDescriptions()[0].Format == pgx.BinaryFormatCode {
+			if len(vals[0]) != len(id) {
+				return 0, fmt.Errorf("an event id of %d bytes returned", len(vals[0]))
+			}
+			copy(id[:], vals[0])
+		} else {
+			var err error
+			if id, err = uuid.ParseBytes(vals[0]); err != nil {
+				return 0, fmt.Errorf("an event id returned: %w", err)
+			}
+		}
+		handler := vals[1] // text: the same bytes in either format
+		j, ok := slices.BinarySearchFunc(c.todo, 0, func(i, _ int) int {
+			if d := compareIDs(&c.keys[i].EventID, &id); d != 0 {
+				return d
+			}
+			return compareText(c.keys[i].Handler, handler)
+		})
+		if !ok {
+			return 0, fmt.Errorf("a key returned that was not inserted: %s %q", id, handler)
+		}
+		claimed[c.todo[j]] = true
+		n++
+	}
+	return n, rows.Err()
+}
+
+// compareText orders s and b as strings.Compare(s, string(b)) does,
+// without the conversion.
+func compareText(s string, b []byte) int {
+	for k := 0; k < len(s) && k < len(b); k++ {
+		if s[k] != b[k] {
+			return cmp.Compare(s[k], b[k])
 		}
 	}
-	return len(won), nil
+	return cmp.Compare(len(s), len(b))
 }
 
 // keySet reads rows of (event_id, handler) into a set; size is a hint.
