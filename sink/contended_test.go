@@ -23,7 +23,8 @@ import (
 // sink.InsertRun claims in a row meet none; a contended claim by insert
 // starts the run again. Each key lost to the other transaction is skipped,
 // every other key applied once; a redelivery with another payload is a
-// conflict by insert as by COPY.
+// conflict by insert as by COPY, whether the look-up finds its key or a
+// concurrent claim takes it while the claim waits.
 func TestWriteInsertsAfterContention(t *testing.T) {
 	pool := sinktest.Pool(t)
 	schema := sinktest.Schema(t, pool, orders.Migrate)
@@ -82,8 +83,10 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 		return false, false
 	}
 	// contended writes a new event and x, whose email key another
-	// transaction holds and commits while the Write waits for it.
-	contended := func(step string, wantInsert bool) {
+	// transaction holds and commits while the Write waits for it; with
+	// conflict, that claim stores the digest of another payload than the
+	// Write's.
+	contended := func(step string, wantInsert, conflict bool) {
 		t.Helper()
 		x, y := uuid.New(), uuid.New()
 		hold, err := pool.Begin(ctx)
@@ -91,7 +94,11 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer hold.Rollback(context.Background()) //nolint:errcheck // committed below
-		if got, err := dedup.Claim(ctx, hold, schema, "kafka", "", []dedup.Key{{EventID: x, Handler: orders.Email}}, nil); err != nil || !got[0] {
+		var ds []dedup.Digest
+		if conflict {
+			ds = []dedup.Digest{dedup.PayloadDigest(order(99, "B"))}
+		}
+		if got, err := dedup.Claim(ctx, hold, schema, "kafka", "", []dedup.Key{{EventID: x, Handler: orders.Email}}, ds); err != nil || !got[0] {
 			t.Fatalf("%s: hold x: %v, %v", step, got, err)
 		}
 		type result struct {
@@ -111,8 +118,20 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("%s: %v", step, r.err)
 		}
-		if r.res.Applied != 2*hn-1 || r.res.SkippedPostgres != 1 {
-			t.Errorf("%s: applied %d, skipped %d; want %d, 1 (x's email lost to the other claim)", step, r.res.Applied, r.res.SkippedPostgres, 2*hn-1)
+		switch {
+		case conflict:
+			if r.res.Applied != hn || r.res.Conflicts != 1 {
+				t.Errorf("%s: applied %d, conflicts %d; want %d, 1 (x a conflict, none of its effects)", step, r.res.Applied, r.res.Conflicts, hn)
+			}
+			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.dead_letters WHERE event_id = $1 AND reason = $2`, x, sink.ReasonConflict); n != 1 {
+				t.Errorf("%s: conflict dead letters for x: %d, want 1", step, n)
+			}
+			if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.emails_sent WHERE event_id = $1`, x); n != 0 {
+				t.Errorf("%s: emails for x: %d, want 0", step, n)
+			}
+		case r.res.Applied != 2*hn-1 || r.res.SkippedPostgres != 1 || r.res.Conflicts != 0:
+			t.Errorf("%s: applied %d, skipped %d, conflicts %d; want %d, 1, 0 (x's email lost to the other claim)",
+				step, r.res.Applied, r.res.SkippedPostgres, r.res.Conflicts, 2*hn-1)
 		}
 		if insert, contended := byInsert(); insert != wantInsert || !contended {
 			t.Errorf("%s: claimed by insert %v, contended %v; want %v, true", step, insert, contended, wantInsert)
@@ -137,7 +156,7 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 	if res, err := write(first); err != nil || res.Applied != hn {
 		t.Fatalf("a first batch: applied %d, %v; want %d", res.Applied, err, hn)
 	}
-	contended("a contended COPY", false)
+	contended("a contended COPY", false, false)
 	for i := range 3 {
 		quiet(fmt.Sprintf("batch %d after the contended COPY", i+1), true)
 	}
@@ -149,11 +168,13 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 	if insert, contended := byInsert(); !insert || contended {
 		t.Errorf("the conflicting redelivery: claimed by insert %v, contended %v; want true, false", insert, contended)
 	}
-	contended("a contended insert", true)
+	contended("a contended insert", true, false)
 	for i := range sink.InsertRun {
 		quiet(fmt.Sprintf("batch %d after the contended insert", i+1), true)
 	}
 	quiet(fmt.Sprintf("the batch after %d quiet inserts", sink.InsertRun), false)
+	contended("a contended COPY, the other claim with another payload", false, true)
+	contended("a contended insert, the other claim with another payload", true, true)
 }
 
 // waitBlockedBy waits until a session waits for hold, an open transaction
