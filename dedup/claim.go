@@ -48,10 +48,10 @@ type Querier interface {
 // rest into the current slice by COPY, under a savepoint. Most keys a
 // claim sees are new, and COPY writes them at a fraction of an insert's
 // cost. When one of them is in the current slice already, the COPY fails
-// on the primary key: Claim rolls back to the savepoint, looks the keys up
-// in the current slice and COPYs the ones not found; should that fail too
-// (a concurrent claim committed in between), it inserts them with ON
-// CONFLICT DO NOTHING, which skips the ones present. The lock
+// on the primary key: Claim rolls back to the savepoint and inserts the
+// keys with ON CONFLICT DO NOTHING, which skips the ones present (a key
+// present is the mark of a concurrent claim, which a second COPY would
+// meet as often as not). The lock
 // keeps the current slice from changing while the transaction runs, so
 // every transaction that could claim a key concurrently inserts into the
 // same slice, where the primary key settles it; the older slices are no
@@ -82,7 +82,7 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 			return nil, fmt.Errorf("claim events: %w", err)
 		}
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed); err != nil {
+	if _, err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed); err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
 	}
 	return claimed, nil
@@ -105,7 +105,7 @@ func ClaimHeld(ctx context.Context, q Querier, schema, bus, traceID string, slic
 	}
 	c := newClaimSet(keys, digests, bus, traceID, slice)
 	c.todo = distinctKeys(keys)
-	if err := tablesOf(schema).insertClaims(ctx, q, c, claimed); err != nil {
+	if _, err := tablesOf(schema).insertClaims(ctx, q, c, claimed); err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
 	}
 	return claimed, nil
@@ -117,6 +117,14 @@ type Claims struct {
 	Found   []bool   // claimed before it: committed, or earlier in this transaction
 	Stored  []Digest // for a key found, the payload digest stored with its claim (zero when none)
 	Slice   int32    // the current slice, which the keys claimed went to
+
+	// Contended reports that a key the look-up did not find was in the
+	// current slice when the claim wrote it: a concurrent transaction
+	// claimed it (and committed, or held it until the claim's write
+	// waited for it). A COPY that meets such a key is rolled back and the
+	// keys are inserted instead; a caller whose claims are often
+	// contended spends less with [LookupClaimInsert].
+	Contended bool
 }
 
 // LookupClaim looks keys up and claims the ones not found: [Lookup] and
@@ -131,6 +139,24 @@ type Claims struct {
 //
 // The transaction requirements are Claim's.
 func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
+	return lookupClaim(ctx, q, schema, bus, traceID, keys, digests, false)
+}
+
+// LookupClaimInsert is [LookupClaim] writing the claims of the keys not
+// found with one INSERT … ON CONFLICT DO NOTHING, in (event_id, handler)
+// order, rather than by COPY under a savepoint. A key a concurrent
+// transaction claimed is then skipped (Contended is set), where a COPY
+// would have written part of the batch, met the key, and been rolled
+// back: Postgres' work thrown away, the rows and index entries left dead,
+// and the claim written again. Where no claim is contended, COPY is the
+// cheaper writer; where claims often are (a stream whose redeliveries
+// land on other partitions, claimed by concurrent transactions), the
+// insert is. The transaction requirements are Claim's.
+func LookupClaimInsert(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
+	return lookupClaim(ctx, q, schema, bus, traceID, keys, digests, true)
+}
+
+func lookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest, insert bool) (Claims, error) {
 	c := Claims{Claimed: make([]bool, len(keys))}
 	if len(keys) == 0 {
 		c.Found, c.Stored = []bool{}, []Digest{}
@@ -162,7 +188,17 @@ func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 	if len(todo) == 0 {
 		return c, nil
 	}
-	if err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, c.Claimed); err != nil {
+	cs := newClaimSet(keys, digests, bus, traceID, current)
+	if insert {
+		cs.todo = todo
+		n, err := t.insertClaims(ctx, q, cs, c.Claimed)
+		if err != nil {
+			return c, fmt.Errorf("claim events: %w", err)
+		}
+		c.Contended = n < len(todo)
+		return c, nil
+	}
+	if c.Contended, err = t.write(ctx, q, cs, todo, c.Claimed); err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	return c, nil
@@ -191,31 +227,26 @@ func lookupLocked(br pgx.BatchResults, t tables, keys []Key, l lookupKeys, c *Cl
 
 // write claims the keys at todo into the current slice and sets claimed[i]
 // for each it claimed: by COPY, and when a key is in the current slice
-// already, it looks the keys up there and COPYs the rest; a second failure
-// (a concurrent claim committed in between) leaves it to the insert.
-func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool) error {
-	for attempt := 0; attempt < 2; attempt++ {
-		if len(todo) == 0 {
-			return nil
-		}
-		c.todo = todo
-		copied, err := t.copyClaims(ctx, q, c)
-		if err != nil {
-			return err
-		}
-		if copied {
-			for _, i := range todo {
-				claimed[i] = true
-			}
-			return nil
-		}
-		trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.claim.copy_conflicts", attempt+1))
-		if todo, err = t.absent(ctx, q, "=", c.slice, c.keys, todo); err != nil {
-			return err
-		}
+// already (a concurrent claim), by insert, which skips the keys present.
+// It reports whether the COPY met such a key.
+func (t tables) write(ctx context.Context, q Querier, c claimSet, todo []int, claimed []bool) (contended bool, err error) {
+	if len(todo) == 0 {
+		return false, nil
 	}
 	c.todo = todo
-	return t.insertClaims(ctx, q, c, claimed)
+	copied, err := t.copyClaims(ctx, q, c)
+	if err != nil {
+		return false, err
+	}
+	if copied {
+		for _, i := range todo {
+			claimed[i] = true
+		}
+		return false, nil
+	}
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.claim.copy_conflicts", 1))
+	_, err = t.insertClaims(ctx, q, c, claimed)
+	return true, err
 }
 
 // claimSet is what one Claim writes: keys[i] for each i in todo (distinct
@@ -497,18 +528,20 @@ func (c claimSet) appendBinary(b []byte) []byte {
 	return binary.BigEndian.AppendUint16(b, 0xffff) // -1: the end
 }
 
-// insertClaims inserts c with ON CONFLICT DO NOTHING and sets claimed[i]
-// for each key it inserted. A key present is not claimed: the statement
-// waits for a concurrent transaction that holds it, like any unique-index
-// insert.
-func (t tables) insertClaims(ctx context.Context, q Querier, c claimSet, claimed []bool) error {
+// insertClaims inserts c with ON CONFLICT DO NOTHING, sets claimed[i]
+// for each key it inserted and returns how many it inserted. A key
+// present is not claimed: the statement waits for a concurrent
+// transaction that holds it, like any unique-index insert.
+func (t tables) insertClaims(ctx context.Context, q Querier, c claimSet, claimed []bool) (int, error) {
 	ids := make(uuidArray, len(c.todo))
 	handlers := make([]string, len(c.todo))
 	ds := make([][]byte, len(c.todo))
 	for j, i := range c.todo {
 		ids[j] = uuidParam(c.keys[i].EventID)
 		handlers[j] = c.keys[i].Handler
-		ds[j] = c.digest(i)
+		if i < len(c.digests) && c.digests[i] != (Digest{}) {
+			ds[j] = c.digests[i][:] // in place: no copy of each digest
+		}
 	}
 	// The rows come in the order of todo; WITH ORDINALITY numbers them.
 	rows, err := q.Query(ctx, `INSERT INTO `+t.slice(c.slice)+` (event_id, handler, bus, trace_id, payload_digest, slice)
@@ -518,18 +551,65 @@ ORDER BY k.j
 ON CONFLICT (event_id, handler, slice) DO NOTHING
 RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 	if err != nil {
-		return fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
+		return 0, fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
-	won, err := keySet(rows, len(c.todo))
+	n, err := c.readInserted(rows, claimed)
 	if err != nil {
-		return fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
+		return 0, fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
 	}
-	for _, i := range c.todo {
-		if _, ok := won[c.keys[i]]; ok {
-			claimed[i] = true
+	return n, nil
+}
+
+// readInserted reads the (event_id, handler) rows an insert of c returned,
+// sets claimed[i] for each key of c.todo among them and returns how many
+// there were. It reads the rows' raw values and finds each key by binary
+// search in c.todo, which is in (event_id, handler) order: no map, and no
+// string for each handler.
+func (c claimSet) readInserted(rows pgx.Rows, claimed []bool) (int, error) {
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 2 {
+			return 0, fmt.Errorf("%d columns returned, want 2", len(vals))
+		}
+		var id uuid.UUID
+		if rows.FieldDescriptions()[0].Format == pgx.BinaryFormatCode {
+			if len(vals[0]) != len(id) {
+				return 0, fmt.Errorf("an event id of %d bytes returned", len(vals[0]))
+			}
+			copy(id[:], vals[0])
+		} else {
+			var err error
+			if id, err = uuid.ParseBytes(vals[0]); err != nil {
+				return 0, fmt.Errorf("an event id returned: %w", err)
+			}
+		}
+		handler := vals[1] // text: the same bytes in either format
+		j, ok := slices.BinarySearchFunc(c.todo, 0, func(i, _ int) int {
+			if d := compareIDs(&c.keys[i].EventID, &id); d != 0 {
+				return d
+			}
+			return compareText(c.keys[i].Handler, handler)
+		})
+		if !ok {
+			return 0, fmt.Errorf("a key returned that was not inserted: %s %q", id, handler)
+		}
+		claimed[c.todo[j]] = true
+		n++
+	}
+	return n, rows.Err()
+}
+
+// compareText orders s and b as strings.Compare(s, string(b)) does,
+// without the conversion.
+func compareText(s string, b []byte) int {
+	for k := 0; k < len(s) && k < len(b); k++ {
+		if s[k] != b[k] {
+			return cmp.Compare(s[k], b[k])
 		}
 	}
-	return nil
+	return cmp.Compare(len(s), len(b))
 }
 
 // keySet reads rows of (event_id, handler) into a set; size is a hint.

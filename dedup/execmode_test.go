@@ -38,6 +38,17 @@ func TestClaimExecModes(t *testing.T) {
 				if !c.Claimed[0] || c.Claimed[1] || !c.Found[1] || c.Stored[1] != d {
 					t.Errorf("lookup claim of y, x: %+v", c)
 				}
+				// z new, y claimed just now, x before: the insert's parameters and
+				// RETURNING rows, with y's and x's digests read by the look-up.
+				z := dedup.Key{EventID: uuid.New(), Handler: "a"}
+				c, err = dedup.LookupClaimInsert(ctx, tx, schema, "kafka", "0af7651916cd43dd8448eb211c80319c", []dedup.Key{z, y, x, z}, []dedup.Digest{d, {}, {}, d})
+				if err != nil {
+					t.Errorf("lookup claim by insert: %v", err)
+					return err
+				}
+				if !c.Claimed[0] || c.Claimed[1] || c.Claimed[2] || c.Claimed[3] || !c.Found[1] || !c.Found[2] || c.Stored[1] != d || c.Stored[2] != d || c.Contended {
+					t.Errorf("lookup claim by insert of z, y, x, z: %+v", c)
+				}
 				got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{y, x}, nil)
 				if err != nil || got[0] || got[1] {
 					t.Errorf("claim y, x again: %v, %v", got, err)

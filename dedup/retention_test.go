@@ -168,9 +168,25 @@ func TestClaimAcrossSlices(t *testing.T) {
 	}
 }
 
-// LookupClaim finds keys in every slice, with the digest stored, and claims
-// the rest once each.
+// LookupClaim and LookupClaimInsert find keys in every slice, with the
+// digest stored, and claim the rest once each, at each key's first index;
+// no claim of them is contended.
 func TestLookupClaim(t *testing.T) {
+	for _, f := range lookupClaims {
+		t.Run(f.name, func(t *testing.T) { lookupClaim(t, f.claim) })
+	}
+}
+
+// lookupClaims are the two writers of LookupClaim's claims.
+var lookupClaims = []struct {
+	name  string
+	claim func(ctx context.Context, q dedup.Querier, schema, bus, traceID string, keys []dedup.Key, digests []dedup.Digest) (dedup.Claims, error)
+}{
+	{"copy", dedup.LookupClaim},
+	{"insert", dedup.LookupClaimInsert},
+}
+
+func lookupClaim(t *testing.T, claim func(ctx context.Context, q dedup.Querier, schema, bus, traceID string, keys []dedup.Key, digests []dedup.Digest) (dedup.Claims, error)) {
 	e := newRetentionEnv(t)
 	ctx := t.Context()
 	x := uuid.New()
@@ -189,11 +205,14 @@ func TestLookupClaim(t *testing.T) {
 	var c dedup.Claims
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
-		c, err = dedup.LookupClaim(ctx, tx, e.schema, "kafka", "", []dedup.Key{xb, fresh, xa, old, cur, xb, fresh}, nil)
+		c, err = claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{xb, fresh, xa, old, cur, xb, fresh}, nil)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.Contended {
+		t.Error("a claim with no concurrent one reported contended")
 	}
 	wantClaimed := []bool{true, true, false, false, false, false, false}
 	wantFound := []bool{false, false, true, true, true, false, false}

@@ -17,9 +17,10 @@ import (
 //
 // dedup.LookupClaim looks the keys up first (a key found is a duplicate,
 // claimed for good, with its digest at hand) and claims the rest by COPY,
-// which settles concurrent claims. A key lost there to another
-// transaction has its digest read in one more statement, only when there
-// are such keys.
+// which settles concurrent claims; after a claim that met a concurrent
+// one, the Writer's next claims insert instead (see claimKeys). A key lost
+// there to another transaction has its digest read in one more statement,
+// only when there are such keys.
 //
 // In an isolating transaction, h is what hold learned (nil otherwise): the
 // keys found claimed then are known, with their digests, and the others
@@ -80,14 +81,36 @@ func (w *Writer) claimHeld(ctx context.Context, tx pgx.Tx, keys []pending, trace
 	return won, stored, nil
 }
 
+// insertRun is how many claims in a row, after a contended one, a Writer
+// writes by insert (dedup.LookupClaimInsert) before it tries COPY again.
+const insertRun = 16
+
+// claimKeys claims keys with one dedup look-up and claim. Its write is a
+// COPY (the cheapest for new keys) unless one of the Writer's last
+// insertRun claims was contended: a concurrent transaction, a batch of
+// another partition, claimed one of its keys, which makes a COPY fail part
+// way and be written again. Such claims come in streaks (a producer's
+// retries land on other partitions within moments), so the Writer inserts
+// until insertRun claims in a row meet none, then tries COPY again.
 func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
 	ds := make([]dedup.Digest, len(keys))
 	for i, k := range keys {
 		ds[i] = k.digest
 	}
-	c, err := dedup.LookupClaim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, nil), ds)
+	claim := dedup.LookupClaim
+	byInsert := w.byInsert.Load() > 0
+	if byInsert {
+		claim = dedup.LookupClaimInsert
+	}
+	c, err := claim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, nil), ds)
 	if err != nil {
 		return nil, nil, 0, err
+	}
+	switch {
+	case c.Contended:
+		w.byInsert.Store(insertRun)
+	case byInsert:
+		w.byInsert.Add(-1)
 	}
 	todo := make([]int, 0, len(keys)) // indexes of the keys not found
 	for i, found := range c.Found {
@@ -95,7 +118,8 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, trace
 			todo = append(todo, i)
 		}
 	}
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.found_first", len(keys)-len(todo)))
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int("onceflow.found_first", len(keys)-len(todo)),
+		attribute.Bool("onceflow.claim.by_insert", byInsert), attribute.Bool("onceflow.claim.contended", c.Contended))
 	if err := w.lostDigests(ctx, tx, keys, todo, c.Claimed, c.Stored); err != nil {
 		return nil, nil, 0, err
 	}

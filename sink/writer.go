@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -161,6 +162,7 @@ type Writer struct {
 	dead      string
 	filtered  bool              // some handler is a TopicFilter
 	stats     *dedup.Statistics // analyzes each new dedup slice once it holds claims
+	byInsert  atomic.Int32      // claims left to write by insert after a contended one (see claimKeys)
 }
 
 // New returns a Writer over pool. It does not touch the database; run
