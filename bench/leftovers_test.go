@@ -231,3 +231,36 @@ func TestFindLeftoversTopics(t *testing.T) {
 		t.Errorf("topics after the drop %v, want %v", got, want)
 	}
 }
+
+// At its end, a run on real brokers deletes its consumer groups (bench
+// names them onceflow-bench-…-<id>…), and no other.
+func TestDeleteGroupsOfTheRun(t *testing.T) {
+	ctx := t.Context()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "payments-bench-abcd1234"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	groups := []string{"onceflow-bench-steady-r1-abcd1234", "onceflow-bench-replay-r1-abcd1234-2", "onceflow-bench-steady-r1-0000dead", "payments"}
+	for _, g := range groups {
+		var os kadm.Offsets
+		os.Add(kadm.Offset{Topic: "payments-bench-abcd1234", Partition: 0, At: 0, LeaderEpoch: -1})
+		if _, err := adm.CommitOffsets(ctx, g, os); err != nil {
+			t.Fatalf("commit for %s: %v", g, err)
+		}
+	}
+	deleteGroups(ctx, adm, "abcd1234")
+	ls, err := adm.ListGroups(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := slices.Sorted(slices.Values(ls.Groups())), []string{"onceflow-bench-steady-r1-0000dead", "payments"}; !slices.Equal(got, want) {
+		t.Errorf("groups after the run's end %v, want %v", got, want)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,7 @@ func openKafka(ctx context.Context, c Config, id string) (*kafkaTopic, error) {
 		defer cl.Close()
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+		deleteGroups(dctx, adm, id)
 		rs, err := adm.DeleteTopics(dctx, topic)
 		if err == nil {
 			err = rs.Error()
@@ -77,6 +79,26 @@ func openKafka(ctx context.Context, c Config, id string) (*kafkaTopic, error) {
 		}
 		return nil
 	}}, nil
+}
+
+// deleteGroups deletes the consumer groups of the run whose id is id
+// (onceflow-bench-…-<id>…, as bench names them), at its end: best effort,
+// a group the brokers refuse to delete (a static member not yet expired)
+// expires with its offsets by the brokers' retention.
+func deleteGroups(ctx context.Context, adm *kadm.Client, id string) {
+	ls, err := adm.ListGroups(ctx)
+	if err != nil {
+		return
+	}
+	var gs []string
+	for _, g := range ls.Groups() {
+		if strings.HasPrefix(g, "onceflow-bench-") && strings.Contains(g, "-"+id) {
+			gs = append(gs, g)
+		}
+	}
+	if len(gs) > 0 {
+		_, _ = adm.DeleteGroups(ctx, gs...)
+	}
 }
 
 // produce sends recs, in order, and waits for every acknowledgement.
