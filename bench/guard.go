@@ -60,12 +60,15 @@ func (e *WroteError) Error() string {
 // user's tables and sequences as they were when the schemas were made.
 // Tables created later are not covered. Safe for concurrent use.
 type runGuard struct {
-	tables  []uint32          // every ordinary and partitioned table (partitions too) outside the benchmarks' schemas and Postgres' own
-	names   map[uint32]string // tables' schema.name, which a table dropped in the transaction no longer has there
-	oids    string            // tables as an oid[] literal: a text argument, whatever the connections' exec mode
-	catalog string            // the system catalogs (pg_catalog's tables) as an oid[] literal
-	seqs    map[string]*int64 // the user's sequences' last values (nil: never called), by name
-	schemas []string          // whose sequences are in seqs, with the search_path's
+	tables []uint32          // every ordinary and partitioned table (partitions too) outside the benchmarks' schemas and Postgres' own
+	names  map[uint32]string // tables' schema.name, which a table dropped in the transaction no longer has there
+	oids   string            // tables as an oid[] literal: a text argument, whatever the connections' exec mode
+	// catalogNames names the system catalogs (pg_catalog's tables);
+	// watched is the tables' and the catalogs' oids as an oid[] literal.
+	catalogNames map[uint32]string
+	watched      string
+	seqs         map[string]*int64 // the user's sequences' last values (nil: never called), by name
+	schemas      []string          // whose sequences are in seqs, with the search_path's
 }
 
 // newRunGuard reads the tables outside Postgres' own schemas and the
@@ -95,15 +98,21 @@ WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspnam
 		g.names[t.OID] = t.Name
 	}
 	g.oids = oidArray(g.tables)
-	rows, err = db.Query(ctx, `SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'r'`)
+	rows, err = db.Query(ctx, `SELECT c.oid, c.relname::text FROM pg_class c WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'r'`)
 	if err != nil {
 		return nil, fmt.Errorf("list the system catalogs: %w", err)
 	}
-	cs, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
+	cs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[table])
 	if err != nil {
 		return nil, fmt.Errorf("list the system catalogs: %w", err)
 	}
-	g.catalog = oidArray(cs)
+	g.catalogNames = make(map[uint32]string, len(cs))
+	watched := slices.Clone(g.tables)
+	for _, c := range cs {
+		g.catalogNames[c.OID] = c.Name
+		watched = append(watched, c.OID)
+	}
+	g.watched = oidArray(watched)
 	g.schemas = schemas
 	if g.seqs, err = lastValues(ctx, db, schemas); err != nil {
 		return nil, err
@@ -153,47 +162,71 @@ SELECT name, pg_sequence_last_value(oid) FROM readable`, benchSchemaComment, sch
 	return out, nil
 }
 
-// guardSQL returns the tables of $1 that the transaction wrote (Postgres'
-// counters of its inserts, updates and deletes, which count what
-// functions, views, rules and policies did too) or holds a lock on that
-// only a writer takes (TRUNCATE, which the counters do not see, ALTER,
-// DROP, and an INSERT, UPDATE, DELETE or MERGE that changed no row), as
-// (oid, NULL), and the system catalogs of $2 it wrote (any DDL, GRANT,
-// ALTER ROLE, a large object), as (NULL, name). A transaction of the
-// benchmark's own writes no catalog: its batches claim, apply and store
-// offsets in tables that exist.
-const guardSQL = `WITH hit(o) AS (
-    SELECT o FROM unnest($1::text::oid[]) o
-    WHERE pg_stat_get_xact_tuples_inserted(o) + pg_stat_get_xact_tuples_updated(o) + pg_stat_get_xact_tuples_deleted(o) > 0
-  UNION
-    SELECT l.relation FROM pg_locks l
-    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation = ANY ($1::text::oid[])
-      AND l.mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
-)
-SELECT o, NULL::text FROM hit
-UNION ALL
-SELECT NULL, c::regclass::text FROM unnest($2::text::oid[]) c
-WHERE pg_stat_get_xact_tuples_inserted(c) + pg_stat_get_xact_tuples_updated(c) + pg_stat_get_xact_tuples_deleted(c) > 0`
+// Postgres' counters of a transaction's inserts, updates and deletes
+// (pg_stat_get_xact_tuples_*) count what functions, views, rules and
+// policies did too, and DDL, GRANT, ALTER ROLE and large objects as rows
+// of the system catalogs. They are the backend's not yet reported, which
+// can hold an earlier transaction's on the connection (the benchmark's own
+// ANALYZE of a dedup slice writes pg_statistic) besides this one's: what a
+// handler wrote is what grew while it ran. countsSQL reads them for the
+// relations of $1, those written.
+const countsSQL = `SELECT o, n FROM unnest($1::text::oid[]) o,
+  LATERAL (SELECT pg_stat_get_xact_tuples_inserted(o) + pg_stat_get_xact_tuples_updated(o) + pg_stat_get_xact_tuples_deleted(o) AS n) x
+WHERE n > 0`
 
-// wrote returns the user's tables tx has written so far, by name as they
-// were when g was made, and the system catalogs it wrote (guardSQL): one
-// query.
-func (g *runGuard) wrote(ctx context.Context, tx pgx.Tx) (tables, catalogs []string, err error) {
-	rows, err := tx.Query(ctx, guardSQL, g.oids, g.catalog)
+// locksSQL returns the tables of $1 the transaction holds a lock on that
+// only a writer takes: TRUNCATE (which sets the counters back), ALTER,
+// DROP, and an INSERT, UPDATE, DELETE or MERGE that changed no row. Locks
+// are the transaction's own.
+const locksSQL = `SELECT l.relation, NULL::bigint FROM pg_locks l
+WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.relation = ANY ($1::text::oid[])
+  AND l.mode IN ('RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')`
+
+// guardSQL is countsSQL of $2 (the user's tables and the catalogs) and
+// locksSQL of $1 (the user's tables), in one query.
+var guardSQL = strings.ReplaceAll(countsSQL, "$1", "$2") + "\nUNION ALL\n" + locksSQL
+
+// counts returns countsSQL of the user's tables and the catalogs in tx.
+func (g *runGuard) counts(ctx context.Context, tx pgx.Tx) (map[uint32]int64, error) {
+	rows, err := tx.Query(ctx, countsSQL, g.watched)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32]int64{}
+	var o uint32
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&o, &n}, func() error {
+		out[o] = n
+		return nil
+	})
+	return out, err
+}
+
+// wrote returns the user's tables tx has written or locked as a writer,
+// by name as they were when g was made, and the system catalogs written,
+// of what grew from before (g.counts earlier in tx; nil: from nothing):
+// one query.
+func (g *runGuard) wrote(ctx context.Context, tx pgx.Tx, before map[uint32]int64) (tables, catalogs []string, err error) {
+	rows, err := tx.Query(ctx, guardSQL, g.oids, g.watched)
 	if err != nil {
 		return nil, nil, err
 	}
-	var o *uint32
-	var c *string
-	_, err = pgx.ForEachRow(rows, []any{&o, &c}, func() error {
-		switch {
-		case o != nil:
-			tables = append(tables, g.names[*o])
-		case c != nil:
-			catalogs = append(catalogs, *c)
+	hit := map[uint32]bool{}
+	var o uint32
+	var n *int64
+	_, err = pgx.ForEachRow(rows, []any{&o, &n}, func() error {
+		if n == nil || *n > before[o] { // a writer's lock, or written meanwhile
+			hit[o] = true
 		}
 		return nil
 	})
+	for o := range hit {
+		if name, ok := g.names[o]; ok {
+			tables = append(tables, name)
+		} else {
+			catalogs = append(catalogs, g.catalogNames[o])
+		}
+	}
 	slices.Sort(tables)
 	slices.Sort(catalogs)
 	return tables, catalogs, err
@@ -258,10 +291,14 @@ type guarded struct {
 }
 
 func (h guarded) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	before, err := h.g.counts(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("check that handler %s wrote none of your tables: %w", h.Name(), err)
+	}
 	if err := h.Handler.Apply(ctx, tx, events); err != nil {
 		return err
 	}
-	ts, cs, err := h.g.wrote(ctx, tx)
+	ts, cs, err := h.g.wrote(ctx, tx, before)
 	if err != nil {
 		return fmt.Errorf("check that handler %s wrote none of your tables: %w", h.Name(), err)
 	}
