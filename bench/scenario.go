@@ -210,10 +210,10 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 		if err != nil {
 			return nil, err
 		}
+		hs = guardHandlers(hs, b.iso.guard(g.schema), g.stop)
 		if g.kafka.topic != b.cfg.Topic {
 			hs = topicAs(hs, b.cfg.Topic)
 		}
-		hs = guardHandlers(hs, b.iso.guard(g.schema), g.stop)
 		cc := members.Tuned(b.cfg.Consumer)
 		cc.ClientID, cc.GroupProtocol, cc.InstanceID = name, g.protocol, ""
 		if g.static {
