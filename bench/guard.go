@@ -48,13 +48,17 @@ type WroteError struct {
 func (e *WroteError) Error() string {
 	var what []string
 	if len(e.Tables) > 0 {
-		what = append(what, "wrote your table "+strings.Join(e.Tables, ", "))
+		what = append(what, "wrote your table or sequence "+strings.Join(e.Tables, ", "))
 	}
 	if len(e.Catalogs) > 0 {
 		what = append(what, "changed the database's definitions (CREATE, ALTER, DROP, GRANT, COMMENT, a role's settings or a large object: it wrote the catalog "+strings.Join(e.Catalogs, ", ")+")")
 	}
-	return fmt.Sprintf("handler %s %s (through a view, a function, an operator, an aggregate, a cast or a policy its statement reaches): bench stopped and rolled that transaction back; nothing of it was kept",
-		e.Handler, strings.Join(what, " and "))
+	kept := "nothing of it was kept"
+	if slices.ContainsFunc(e.Tables, func(t string) bool { return strings.HasSuffix(t, " (a sequence)") }) {
+		kept = "nothing of it was kept but the sequence's nextval or setval, which no rollback undoes"
+	}
+	return fmt.Sprintf("handler %s %s (through a view, a function, an operator, an aggregate, a cast or a policy its statement reaches): bench stopped and rolled that transaction back; %s",
+		e.Handler, strings.Join(what, " and "), kept)
 }
 
 // runGuard is what one run (the schemas Create made) checks against: the
@@ -83,8 +87,13 @@ func newRunGuard(ctx context.Context, db *pgxpool.Pool, schemas []string) (*runG
 		OID  uint32
 		Name string
 	}
-	rows, err := db.Query(ctx, `SELECT c.oid, format('%s.%s', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+	// Sequences too: nextval, setval and currval lock theirs as a
+	// writer to the transaction's end, so a handler's call on a path the
+	// probe did not take is named at once, in any schema (the call itself
+	// cannot be rolled back).
+	rows, err := db.Query(ctx, `SELECT c.oid, format('%s.%s', n.nspname, c.relname) || CASE WHEN c.relkind = 'S' THEN ' (a sequence)' ELSE '' END
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p', 'S') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
   AND coalesce(obj_description(n.oid, 'pg_namespace'), '') <> $1`, benchSchemaComment)
 	if err != nil {
 		return nil, fmt.Errorf("list your tables: %w", err)
