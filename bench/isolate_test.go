@@ -365,12 +365,7 @@ func TestIsolationRefusesFunctionsInTheClonesExpressions(t *testing.T) {
 			before := snapshot(t, up, us)
 			h := sqlHandler(t, "h", paymentsSQL)
 			iso, err := Isolate(ctx, up, []sink.Handler{h}, nil)
-			var re *RefusedError
-			if !errors.As(err, &re) {
-				t.Errorf("Isolate: err = %v, want a *RefusedError", err)
-			} else if !strings.Contains(err.Error(), sub(tt.want)) {
-				t.Errorf("refusal:\n%v\nwant it to say %q", err, sub(tt.want))
-			}
+			wantRefused(t, err, sub(tt.want))
 			if err == nil {
 				// What a benchmark would have done.
 				if err := applyThrough(t, up, iso, us+"_bench", h); err != nil {
@@ -478,12 +473,7 @@ CREATE FUNCTION next_ref() RETURNS bigint LANGUAGE sql STABLE AS $$SELECT nextva
 			before := snapshot(t, up, us)
 			h := sqlHandler(t, "h", sub(tt.sql))
 			iso, err := Isolate(ctx, up, []sink.Handler{h}, nil)
-			var re *RefusedError
-			if !errors.As(err, &re) {
-				t.Errorf("Isolate: err = %v, want a *RefusedError", err)
-			} else if !strings.Contains(err.Error(), sub(tt.want)) {
-				t.Errorf("refusal:\n%v\nwant it to say %q", err, sub(tt.want))
-			}
+			wantRefused(t, err, sub(tt.want))
 			if err == nil {
 				if err := applyThrough(t, up, iso, us+"_bench_"+strings.ReplaceAll(tt.name, " ", "_"), h); err != nil {
 					t.Logf("apply: %v", err)
@@ -677,5 +667,16 @@ func TestIsolationCreateLeavesASchemaItDidNotMake(t *testing.T) {
 	}
 	if ours || !theirs {
 		t.Fatalf("after a failed Create: %s exists %v (want false), %s.keep exists %v (want true)", schema, ours, cloneSchema(schema), theirs)
+	}
+}
+
+// wantRefused reports an error unless err is a *RefusedError saying want.
+func wantRefused(t *testing.T, err error, want string) {
+	t.Helper()
+	var re *RefusedError
+	if !errors.As(err, &re) {
+		t.Errorf("Isolate: err = %v, want a *RefusedError", err)
+	} else if !strings.Contains(err.Error(), want) {
+		t.Errorf("refusal:\n%v\nwant it to say %q", err, want)
 	}
 }
