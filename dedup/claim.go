@@ -72,20 +72,32 @@ func Claim(ctx context.Context, q Querier, schema, bus, traceID string, keys []K
 		return claimed, nil
 	}
 	t := tablesOf(schema)
-	current, oldest, err := t.lockSlices(ctx, q)
+	current, todo, err := t.lockAbsent(ctx, q, keys)
 	if err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
-	}
-	todo := distinctKeys(keys)
-	if oldest < current {
-		if todo, err = t.absent(ctx, q, "<", current, keys, todo); err != nil {
-			return nil, fmt.Errorf("claim events: %w", err)
-		}
 	}
 	if _, err := t.write(ctx, q, newClaimSet(keys, digests, bus, traceID, current), todo, claimed); err != nil {
 		return nil, fmt.Errorf("claim events: %w", err)
 	}
 	return claimed, nil
+}
+
+// lockAbsent takes the slice lock and returns the current slice and the
+// indexes of the distinct keys of keys that no older slice holds, in
+// (event_id, handler) order: what Claim and InsertClaim write into the
+// current slice. The older slices are looked up only when there are any.
+func (t tables) lockAbsent(ctx context.Context, q Querier, keys []Key) (current int32, todo []int, err error) {
+	current, oldest, err := t.lockSlices(ctx, q)
+	if err != nil {
+		return 0, nil, err
+	}
+	todo = distinctKeys(keys)
+	if oldest < current {
+		if todo, err = t.absent(ctx, q, "<", current, keys, todo); err != nil {
+			return 0, nil, err
+		}
+	}
+	return current, todo, nil
 }
 
 // ClaimHeld claims keys in slice with one INSERT … ON CONFLICT DO NOTHING
@@ -123,7 +135,8 @@ type Claims struct {
 	// claimed it (and committed, or held it until the claim's write
 	// waited for it). A COPY that meets such a key is rolled back and the
 	// keys are inserted instead; a caller whose claims are often
-	// contended spends less with [LookupClaimInsert].
+	// contended spends less with [InsertClaim]. From InsertClaim: a key
+	// was in the current slice already, claimed concurrently or before.
 	Contended bool
 }
 
@@ -138,25 +151,51 @@ type Claims struct {
 // leave the rows copied before it dead and write them again.
 //
 // The transaction requirements are Claim's.
+
+// InsertClaim claims keys with one INSERT … ON CONFLICT DO NOTHING into
+// the current slice, in (event_id, handler) order, without looking them
+// up there first: the insert's own probe of the primary key is the
+// look-up. It reports which keys it claimed; it finds nothing (Found is
+// all false, Stored all zero): a key not claimed was claimed before — in
+// any slice, committed, or by a concurrent transaction that committed
+// while the insert waited for it — or is a later copy of a key at a
+// lower index; [Digests] reads the digests stored with such keys.
+// Contended reports that a key was in the current slice already (a
+// redelivery, committed or concurrent: the insert does not tell them
+// apart).
+//
+// Against [LookupClaim] it saves a probe of every key (the look-up) and
+// the COPY's savepoint, and spends an insert's per-row work instead of
+// COPY's; measured with benchmarks/ceiling, the insert alone costs
+// Postgres less than a look-up and a COPY, and a stream with redeliveries
+// it misses in the cache costs less with it (benchmarks/PROFILE.md). Older
+// slices are looked up first, as Claim does them, when there are any. The
+// transaction requirements are Claim's.
+func InsertClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
+	c := Claims{Claimed: make([]bool, len(keys)), Found: make([]bool, len(keys)), Stored: make([]Digest, len(keys))}
+	if len(keys) == 0 {
+		return c, nil
+	}
+	t := tablesOf(schema)
+	current, todo, err := t.lockAbsent(ctx, q, keys)
+	c.Slice = current
+	if err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	if len(todo) == 0 {
+		return c, nil
+	}
+	cs := newClaimSet(keys, digests, bus, traceID, current)
+	cs.todo = todo
+	n, err := t.insertClaims(ctx, q, cs, c.Claimed)
+	if err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	c.Contended = n < len(todo)
+	return c, nil
+}
+
 func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
-	return lookupClaim(ctx, q, schema, bus, traceID, keys, digests, false)
-}
-
-// LookupClaimInsert is [LookupClaim] writing the claims of the keys not
-// found with one INSERT … ON CONFLICT DO NOTHING, in (event_id, handler)
-// order, rather than by COPY under a savepoint. A key a concurrent
-// transaction claimed is then skipped (Contended is set), where a COPY
-// would have written part of the batch, met the key, and been rolled
-// back: Postgres' work thrown away, the rows and index entries left dead,
-// and the claim written again. Where no claim is contended, COPY is the
-// cheaper writer; where claims often are (a stream whose redeliveries
-// land on other partitions, claimed by concurrent transactions), the
-// insert is. The transaction requirements are Claim's.
-func LookupClaimInsert(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
-	return lookupClaim(ctx, q, schema, bus, traceID, keys, digests, true)
-}
-
-func lookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest, insert bool) (Claims, error) {
 	c := Claims{Claimed: make([]bool, len(keys))}
 	if len(keys) == 0 {
 		c.Found, c.Stored = []bool{}, []Digest{}
@@ -189,15 +228,6 @@ func lookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 		return c, nil
 	}
 	cs := newClaimSet(keys, digests, bus, traceID, current)
-	if insert {
-		cs.todo = todo
-		n, err := t.insertClaims(ctx, q, cs, c.Claimed)
-		if err != nil {
-			return c, fmt.Errorf("claim events: %w", err)
-		}
-		c.Contended = n < len(todo)
-		return c, nil
-	}
 	if c.Contended, err = t.write(ctx, q, cs, todo, c.Claimed); err != nil {
 		return c, fmt.Errorf("claim events: %w", err)
 	}

@@ -81,7 +81,7 @@ func TestLookupClaimLeavesNoSavepoint(t *testing.T) {
 
 // A LookupClaim whose COPY meets a key a concurrent transaction committed
 // meanwhile rolls that COPY back, inserts the rest and leaves no
-// savepoint open; a LookupClaimInsert skips the key. Both report the
+// savepoint open; an InsertClaim skips the key. Both report the
 // claim contended.
 func TestLookupClaimFirstCopyConflicts(t *testing.T) {
 	// The COPY goes on the transaction's connection, or through the

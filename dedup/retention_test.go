@@ -168,25 +168,28 @@ func TestClaimAcrossSlices(t *testing.T) {
 	}
 }
 
-// LookupClaim and LookupClaimInsert find keys in every slice, with the
-// digest stored, and claim the rest once each, at each key's first index;
-// no claim of them is contended.
+// LookupClaim finds keys in every slice, with the digest stored, and
+// claims the rest once each, at each key's first index; no claim of them
+// is contended. InsertClaim claims the same keys, finds none, and reports
+// its claim contended (a key was in the current slice); Digests reads the
+// digests of the keys it did not claim, from every slice.
 func TestLookupClaim(t *testing.T) {
 	for _, f := range lookupClaims {
-		t.Run(f.name, func(t *testing.T) { lookupClaim(t, f.claim) })
+		t.Run(f.name, func(t *testing.T) { lookupClaim(t, f.name, f.claim) })
 	}
 }
 
-// lookupClaims are the two writers of LookupClaim's claims.
+// lookupClaims are the two claims the Writer makes: a look-up then a COPY,
+// and an insert that is its own look-up.
 var lookupClaims = []struct {
 	name  string
 	claim func(ctx context.Context, q dedup.Querier, schema, bus, traceID string, keys []dedup.Key, digests []dedup.Digest) (dedup.Claims, error)
 }{
 	{"copy", dedup.LookupClaim},
-	{"insert", dedup.LookupClaimInsert},
+	{"insert", dedup.InsertClaim},
 }
 
-func lookupClaim(t *testing.T, claim func(ctx context.Context, q dedup.Querier, schema, bus, traceID string, keys []dedup.Key, digests []dedup.Digest) (dedup.Claims, error)) {
+func lookupClaim(t *testing.T, name string, claim func(ctx context.Context, q dedup.Querier, schema, bus, traceID string, keys []dedup.Key, digests []dedup.Digest) (dedup.Claims, error)) {
 	e := newRetentionEnv(t)
 	ctx := t.Context()
 	x := uuid.New()
@@ -203,26 +206,38 @@ func lookupClaim(t *testing.T, claim func(ctx context.Context, q dedup.Querier, 
 	e.rotate()
 	e.claim(cur)
 	var c dedup.Claims
+	var read []dedup.Digest
+	keys := []dedup.Key{xb, fresh, xa, old, cur, xb, fresh}
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
-		c, err = claim(ctx, tx, e.schema, "kafka", "", []dedup.Key{xb, fresh, xa, old, cur, xb, fresh}, nil)
+		if c, err = claim(ctx, tx, e.schema, "kafka", "", keys, nil); err != nil {
+			return err
+		}
+		read, err = dedup.Digests(ctx, tx, pgx.Identifier{e.schema, "processed_events"}.Sanitize(), []dedup.Key{xa, old})
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Contended {
-		t.Error("a claim with no concurrent one reported contended")
+	insert := name == "insert"
+	if c.Contended != insert {
+		t.Errorf("contended %v, want %v: a key in the current slice is the mark of a contended claim to the insert only", c.Contended, insert)
 	}
 	wantClaimed := []bool{true, true, false, false, false, false, false}
-	wantFound := []bool{false, false, true, true, true, false, false}
+	wantFound := []bool{false, false, !insert, !insert, !insert, false, false}
 	for i := range wantClaimed {
 		if c.Claimed[i] != wantClaimed[i] || c.Found[i] != wantFound[i] {
 			t.Fatalf("claimed %v found %v, want %v %v", c.Claimed, c.Found, wantClaimed, wantFound)
 		}
 	}
-	if c.Stored[2] != d || c.Stored[3] != (dedup.Digest{}) {
+	if !insert && (c.Stored[2] != d || c.Stored[3] != (dedup.Digest{})) {
 		t.Errorf("stored digests of xa, old = %x, %x; want %x, zero", c.Stored[2], c.Stored[3], d)
+	}
+	if insert && (c.Stored[2] != (dedup.Digest{}) || c.Stored[4] != (dedup.Digest{})) {
+		t.Errorf("InsertClaim reported stored digests %x: it reads none", c.Stored)
+	}
+	if read[0] != d || read[1] != (dedup.Digest{}) {
+		t.Errorf("digests read of xa, old = %x, %x; want %x, zero", read[0], read[1], d)
 	}
 	if got := e.claim(xb, fresh); got[0] || got[1] {
 		t.Errorf("keys LookupClaim claimed were claimed again: %v", got)

@@ -82,16 +82,20 @@ func (w *Writer) claimHeld(ctx context.Context, tx pgx.Tx, keys []pending, trace
 }
 
 // insertRun is how many claims in a row, after a contended one, a Writer
-// writes by insert (dedup.LookupClaimInsert) before it tries COPY again.
+// writes by insert (dedup.InsertClaim) before it tries COPY again.
 const insertRun = 16
 
-// claimKeys claims keys with one dedup look-up and claim. Its write is a
-// COPY (the cheapest for new keys) unless one of the Writer's last
-// insertRun claims was contended: a concurrent transaction, a batch of
-// another partition, claimed one of its keys, which makes a COPY fail part
-// way and be written again. Such claims come in streaks (a producer's
-// retries land on other partitions within moments), so the Writer inserts
-// until insertRun claims in a row meet none, then tries COPY again.
+// claimKeys claims keys with one dedup claim: a look-up then a COPY
+// (dedup.LookupClaim: the cheapest where no key was claimed before)
+// unless one of the Writer's last insertRun claims was contended; then an
+// insert that is its own look-up (dedup.InsertClaim). A contended claim
+// met a key claimed before that the look-up had not found, a concurrent
+// transaction's (a batch of another partition), which makes a COPY fail
+// part way and be written again; an insert's is any key claimed before, a
+// redelivery the cache did not know, which the insert skips for less than
+// a look-up costs. Such claims come in streaks (a producer's retries land
+// within moments), so the Writer inserts until insertRun claims in a row
+// meet none, then tries COPY again.
 func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
 	ds := make([]dedup.Digest, len(keys))
 	for i, k := range keys {
@@ -100,7 +104,7 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, trace
 	claim := dedup.LookupClaim
 	byInsert := w.byInsert.Load() > 0
 	if byInsert {
-		claim = dedup.LookupClaimInsert
+		claim = dedup.InsertClaim
 	}
 	c, err := claim(ctx, tx, w.cfg.Schema, w.cfg.Bus, traceID, keysAt(keys, nil), ds)
 	if err != nil {

@@ -28,6 +28,9 @@
 //	-savepoint         COPY the dedup rows under a savepoint, released after, as a claim does
 //	-insert            write the dedup rows with INSERT … SELECT FROM unnest(…) ON CONFLICT DO
 //	                   NOTHING RETURNING, the look-up and the write in one statement, not COPY
+//	-every N           also print the rate over each N events committed (the first N, the
+//	                   next N, …): whether the writer holds its rate as the tables grow, as a
+//	                   drain of a backlog asks of onceflow
 //
 // It prints one line per round and the median, in events/s, with the CPU
 // time each event cost this process and its Postgres backends (read from
@@ -73,6 +76,7 @@ type options struct {
 	lookup    bool
 	savepoint bool
 	insert    bool
+	every     int
 }
 
 func main() {
@@ -90,6 +94,7 @@ func main() {
 	flag.BoolVar(&o.lookup, "lookup", false, "look the batch's event ids up in processed_events before the COPY")
 	flag.BoolVar(&o.savepoint, "savepoint", false, "COPY the dedup rows under a savepoint, released after")
 	flag.BoolVar(&o.insert, "insert", false, "write the dedup rows by INSERT … ON CONFLICT DO NOTHING RETURNING, not COPY")
+	flag.IntVar(&o.every, "every", 0, "also print the rate over each this many events committed (0: not)")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "ceiling:", err)
@@ -105,6 +110,9 @@ func (o options) validate() error {
 	if o.events < 1 || o.batch < 1 || o.conns < 1 || o.rounds < 1 || o.handlers < 1 || o.handlers > 4 {
 		errs = append(errs, errors.New("-events, -batch, -conns and -rounds: at least 1; -handlers: 1 to 4"))
 	}
+	if o.every < 0 || (o.every > 0 && o.every < o.batch) {
+		errs = append(errs, errors.New("-every: 0, or at least -batch"))
+	}
 	switch o.layout {
 	case "seed", "onceflow", "narrow":
 	default:
@@ -113,8 +121,8 @@ func (o options) validate() error {
 	if o.ids != "v4" && o.ids != "v7" {
 		errs = append(errs, fmt.Errorf("-ids %q: v4 or v7", o.ids))
 	}
-	if o.insert && (o.lookup || o.savepoint || o.handlers != 1) {
-		errs = append(errs, errors.New("-insert: without -lookup, -savepoint, and with one handler"))
+	if o.insert && (o.savepoint || o.handlers != 1) {
+		errs = append(errs, errors.New("-insert: without -savepoint, and with one handler"))
 	}
 	if o.parent && o.layout != "onceflow" {
 		errs = append(errs, errors.New("-parent: only with -layout onceflow"))
@@ -254,6 +262,7 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 		cols = []string{"event_id", "handler"}
 	}
 	emails := pgx.Identifier{schema, "emails_sent"}
+	progress := &windows{every: o.every}
 	write := func(ctx context.Context, b []event) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -321,7 +330,11 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 		})); err != nil {
 			return fmt.Errorf("copy emails_sent: %w", err)
 		}
-		return tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		progress.add(len(b))
+		return nil
 	}
 	jobs := make(chan []event)
 	var wg sync.WaitGroup
@@ -332,6 +345,7 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 	pg0, pgOK := backendsCPU(ctx, pool)
 	go0 := processCPU()
 	start := time.Now()
+	progress.start = start
 	for w := range o.conns {
 		wg.Add(1)
 		go func() {
@@ -384,7 +398,45 @@ feed:
 	if got != int64(len(evs)) {
 		return 0, cpu, fmt.Errorf("emails_sent has %d rows, want %d", got, len(evs))
 	}
+	progress.print()
 	return n / el.Seconds(), cpu, nil
+}
+
+// windows times each -every events committed.
+type windows struct {
+	every int
+	start time.Time
+	mu    sync.Mutex
+	done  int
+	ends  []time.Duration // ends[k]: when (k+1)·every events had committed
+}
+
+func (w *windows) add(n int) {
+	if w.every == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done += n
+	for len(w.ends) < w.done/w.every {
+		w.ends = append(w.ends, time.Since(w.start))
+	}
+}
+
+// print writes the rate over each whole window, and the last window over
+// the first.
+func (w *windows) print() {
+	var prev time.Duration
+	var rates []float64
+	for k, end := range w.ends {
+		rate := float64(w.every) / (end - prev).Seconds()
+		rates = append(rates, rate)
+		fmt.Printf("  events %d–%d: %.0f events/s\n", k*w.every+1, (k+1)*w.every, rate)
+		prev = end
+	}
+	if len(rates) > 1 {
+		fmt.Printf("  last %d over first %d: %.2f×\n", w.every, w.every, rates[len(rates)-1]/rates[0])
+	}
 }
 
 // analyzeAt is the events written before a run with -lookup analyzes
