@@ -28,6 +28,13 @@
 //	-savepoint         COPY the dedup rows under a savepoint, released after, as a claim does
 //	-insert            write the dedup rows with INSERT … SELECT FROM unnest(…) ON CONFLICT DO
 //	                   NOTHING RETURNING, the look-up and the write in one statement, not COPY
+//	                   (with -lookup: after the look-up, as onceflow's claims did before
+//	                   InsertClaim)
+//	-duplicates F      with -insert: F redeliveries per event (0.3: 3 in 10), each of an event
+//	                   written a few batches before, among each batch's -batch records, as
+//	                   onceflow's bench streams them; the insert skips them, their stored
+//	                   digests are read (one SELECT, as a claim reads them for its conflict
+//	                   check) and only the events inserted get an email
 //	-every N           also print the rate over each N events committed (the first N, the
 //	                   next N, …): whether the writer holds its rate as the tables grow, as a
 //	                   drain of a backlog asks of onceflow
@@ -48,6 +55,7 @@ import (
 	"flag"
 	"fmt"
 	"math/big"
+	mrand "math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -77,6 +85,7 @@ type options struct {
 	savepoint bool
 	insert    bool
 	every     int
+	dups      float64
 }
 
 func main() {
@@ -94,6 +103,7 @@ func main() {
 	flag.BoolVar(&o.lookup, "lookup", false, "look the batch's event ids up in processed_events before the COPY")
 	flag.BoolVar(&o.savepoint, "savepoint", false, "COPY the dedup rows under a savepoint, released after")
 	flag.BoolVar(&o.insert, "insert", false, "write the dedup rows by INSERT … ON CONFLICT DO NOTHING RETURNING, not COPY")
+	flag.Float64Var(&o.dups, "duplicates", 0, "with -insert: redeliveries per event, 0 to 1")
 	flag.IntVar(&o.every, "every", 0, "also print the rate over each this many events committed (0: not)")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
@@ -109,6 +119,9 @@ func (o options) validate() error {
 	}
 	if o.events < 1 || o.batch < 1 || o.conns < 1 || o.rounds < 1 || o.handlers < 1 || o.handlers > 4 {
 		errs = append(errs, errors.New("-events, -batch, -conns and -rounds: at least 1; -handlers: 1 to 4"))
+	}
+	if !(o.dups >= 0 && o.dups <= 1) || (o.dups > 0 && !o.insert) {
+		errs = append(errs, errors.New("-duplicates: 0 to 1, with -insert"))
 	}
 	if o.every < 0 || (o.every > 0 && o.every < o.batch) {
 		errs = append(errs, errors.New("-every: 0, or at least -batch"))
@@ -147,9 +160,10 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	fmt.Printf("ceiling: %d events, %d per transaction, %d connections, layout %s, ids %s, %d handler(s)%s%s%s\n",
+	fmt.Printf("ceiling: %d events, %d per transaction, %d connections, layout %s, ids %s, %d handler(s)%s%s%s%s%s\n",
 		o.events, o.batch, o.conns, o.layout, o.ids, o.handlers, map[bool]string{true: ", into the parent"}[o.parent],
-		map[bool]string{true: ", look-up first"}[o.lookup], map[bool]string{true: ", under a savepoint"}[o.savepoint])
+		map[bool]string{true: ", look-up first"}[o.lookup], map[bool]string{true: ", under a savepoint"}[o.savepoint],
+		map[bool]string{true: ", by insert"}[o.insert], map[bool]string{true: fmt.Sprintf(", %g redeliveries per event", o.dups)}[o.dups > 0])
 	var rates, gos, pgs []float64
 	for r := 1; r <= o.rounds; r++ {
 		rate, cpu, err := round(ctx, pool, o)
@@ -217,9 +231,34 @@ func backendsCPU(ctx context.Context, pool *pgxpool.Pool) (time.Duration, bool) 
 }
 
 type event struct {
-	id     pgtype.UUID
-	userID int64
-	items  int
+	id         pgtype.UUID
+	userID     int64
+	items      int
+	redelivery bool
+}
+
+// stream returns evs with o.dups redeliveries per event among them, each
+// of an event at least 2·conns+1 batches before it (committed by then,
+// as a redelivery found in Postgres is) and within 4096 records more.
+func stream(evs []event, o options) []event {
+	if o.dups == 0 {
+		return evs
+	}
+	gap := (2*o.conns + 1) * o.batch
+	rng := mrand.New(mrand.NewPCG(1, 2))
+	recs := make([]event, 0, int(float64(len(evs))*(1+o.dups))+1)
+	for _, e := range evs {
+		recs = append(recs, e)
+		if n := len(recs); n > gap && rng.Float64() < o.dups {
+			r := recs[n-gap-rng.IntN(min(4096, n-gap))]
+			for r.redelivery { // a redelivery's own event
+				r = recs[n-gap-rng.IntN(min(4096, n-gap))]
+			}
+			r.redelivery = true
+			recs = append(recs, r)
+		}
+	}
+	return recs
 }
 
 func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cpu cpuUse, err error) {
@@ -294,7 +333,8 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 			}
 		}
 		if o.insert {
-			if err := insertClaims(ctx, tx, processed, o.layout, b); err != nil {
+			var err error
+			if b, err = insertClaims(ctx, tx, processed, pgx.Identifier{schema, "processed_events"}, o.layout, b); err != nil {
 				return err
 			}
 		}
@@ -361,9 +401,10 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 			}
 		}()
 	}
+	recs := stream(evs, o)
 feed:
-	for i := 0; i < len(evs); i += o.batch {
-		if o.lookup && i == analyzeAt {
+	for i := 0; i < len(recs); i += o.batch {
+		if (o.lookup || o.dups > 0) && i == analyzeAt {
 			// As onceflow's Writer does (a table with no statistics has
 			// its look-ups planned as scans), and at the same size.
 			if _, err := pool.Exec(ctx, "ANALYZE "+pgx.Identifier{schema, "processed_events"}.Sanitize()); err != nil {
@@ -373,7 +414,7 @@ feed:
 			}
 		}
 		select {
-		case jobs <- evs[i:min(i+o.batch, len(evs))]:
+		case jobs <- recs[i:min(i+o.batch, len(recs))]:
 		case <-ctx.Done():
 			break feed
 		}
@@ -439,16 +480,25 @@ func (w *windows) print() {
 	}
 }
 
-// analyzeAt is the events written before a run with -lookup analyzes
-// processed_events: three times what ANALYZE samples, as onceflow waits.
+// analyzeAt is the records written before a run with -lookup or
+// -duplicates analyzes processed_events (it then reads it by event_id):
+// three times what ANALYZE samples, as onceflow waits.
 const analyzeAt = 90_000
 
 // insertClaims writes b's dedup rows (one handler) by one INSERT … ON
 // CONFLICT DO NOTHING RETURNING, reading what it returns.
-func insertClaims(ctx context.Context, tx pgx.Tx, processed pgx.Identifier, layout string, b []event) error {
+//
+// It returns the events of b it inserted; b's redeliveries (events whose
+// keys were present) have their stored digests read, in one SELECT, as a
+// claim reads them for its conflict check.
+func insertClaims(ctx context.Context, tx pgx.Tx, processed, parent pgx.Identifier, layout string, b []event) ([]event, error) {
 	ids := make([]pgtype.UUID, len(b))
+	fresh := 0
 	for i, e := range b {
 		ids[i] = e.id
+		if !e.redelivery {
+			fresh++
+		}
 	}
 	var q string
 	switch layout {
@@ -465,19 +515,58 @@ ON CONFLICT DO NOTHING RETURNING event_id`
 	}
 	rows, err := tx.Query(ctx, q, ids)
 	if err != nil {
-		return fmt.Errorf("insert processed_events: %w", err)
+		return nil, fmt.Errorf("insert processed_events: %w", err)
 	}
-	n := 0
+	inserted := make(map[[16]byte]bool, fresh)
+	var id pgtype.UUID
 	for rows.Next() {
-		n++
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("insert processed_events: %w", err)
+		}
+		inserted[id.Bytes] = true
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("insert processed_events: %w", err)
+		return nil, fmt.Errorf("insert processed_events: %w", err)
 	}
-	if n != len(b) {
-		return fmt.Errorf("insert processed_events: %d rows inserted, want %d", n, len(b))
+	if len(inserted) != fresh {
+		return nil, fmt.Errorf("insert processed_events: %d rows inserted, want %d", len(inserted), fresh)
 	}
-	return nil
+	if fresh == len(b) {
+		return b, nil
+	}
+	claimed := make([]event, 0, fresh)
+	var present []pgtype.UUID
+	for _, e := range b {
+		if inserted[e.id.Bytes] {
+			claimed = append(claimed, e)
+		} else {
+			present = append(present, e.id)
+		}
+	}
+	digest := "payload_digest"
+	if layout != "onceflow" {
+		digest = "NULL::bytea"
+	}
+	drows, err := tx.Query(ctx, `SELECT event_id, `+digest+` FROM `+parent.Sanitize()+` WHERE event_id = ANY($1::uuid[])`, present)
+	if err != nil {
+		return nil, fmt.Errorf("read digests: %w", err)
+	}
+	found := 0
+	for drows.Next() {
+		found++
+	}
+	if err := drows.Err(); err != nil {
+		return nil, fmt.Errorf("read digests: %w", err)
+	}
+	distinct := map[[16]byte]bool{}
+	for _, id := range present {
+		distinct[id.Bytes] = true
+	}
+	if found != len(distinct) {
+		return nil, fmt.Errorf("read digests: %d of %d redelivered events found", found, len(distinct))
+	}
+	return claimed, nil
 }
 
 // create makes schema with emails_sent as the demo defines it and
