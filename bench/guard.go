@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -324,6 +325,31 @@ func (h guarded) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) erro
 	return werr
 }
 
+// guardQuiet drops the members' log records of a batch the guard failed
+// (an attribute holding an error that is a *WroteError): bench ends the
+// run with that error and says so itself, where a member would log it as
+// an error it retries until someone fixes it.
+type guardQuiet struct{ slog.Handler }
+
+func (h guardQuiet) Handle(ctx context.Context, r slog.Record) error {
+	hit := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && a.Value.Kind() == slog.KindAny {
+			hit = errors.As(err, new(*WroteError))
+		}
+		return !hit
+	})
+	if hit {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h guardQuiet) WithAttrs(as []slog.Attr) slog.Handler {
+	return guardQuiet{h.Handler.WithAttrs(as)}
+}
+func (h guardQuiet) WithGroup(name string) slog.Handler { return guardQuiet{h.Handler.WithGroup(name)} }
+
 type filteredGuarded struct {
 	guarded
 	f sink.TopicFilter
@@ -419,7 +445,9 @@ func (iso *Isolation) probeOne(ctx context.Context, h *sink.SQLHandler, sample [
 	}
 	err = h.Apply(ctx, tx, sample)
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "25006" { // read_only_sql_transaction
-		return fmt.Sprintf("handler %s, run over %d of the run's events in a read-only transaction whose written tables were temporary clones, had to write outside them (%s): a view, function, operator, aggregate, cast or policy its statement reaches writes a table of yours or advances a sequence of yours",
+		return fmt.Sprintf("handler %s, run over %d of the run's events in a read-only transaction whose written tables were temporary clones, had to write outside them (Postgres: %s): "+
+			"its statement, or a view, function, operator, aggregate, cast or policy it reaches, writes a table of yours, advances a sequence of yours, "+
+			"locks rows of a table it reads (SELECT … FOR UPDATE or FOR SHARE), creates a temporary table, or changes a definition",
 			h.Name(), len(sample), pe.Message), nil
 	}
 	if ctx.Err() != nil {

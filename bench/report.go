@@ -37,17 +37,30 @@ func (res *Results) PriceLine() string {
 	if !res.HasPrice {
 		return "price of exactly-once: not measured (it needs steady and effects-only)"
 	}
+	line := fmt.Sprintf("price of exactly-once: 1 − steady/effects-only = %.1f %%", 100*res.Price)
+	negative := res.Price < 0
 	if len(res.PriceByProtocol) > 1 {
 		var ps []string
 		for _, p := range res.Settings.GroupProtocols {
 			if v, ok := res.PriceByProtocol[p]; ok {
 				ps = append(ps, fmt.Sprintf("%.1f %% (%s)", 100*v, p))
+				negative = negative || v < 0
 			}
 		}
-		return "price of exactly-once: 1 − steady/effects-only = " + strings.Join(ps, ", ")
+		line = "price of exactly-once: 1 − steady/effects-only = " + strings.Join(ps, ", ")
 	}
-	return fmt.Sprintf("price of exactly-once: 1 − steady/effects-only = %.1f %%", 100*res.Price)
+	if negative {
+		line += negativePrice
+	}
+	return line
 }
+
+// negativePrice follows a price below zero: steady outran effects-only,
+// which writes the same effects without dedup rows, so effects-only lost
+// more to something steady does not pay for.
+const negativePrice = " (below zero: effects-only was the slower; its writers, each with a batch of 1000 events, " +
+	"wait on one another's row locks when the handlers update a few hot rows, where steady's per-partition batches " +
+	"are smaller; see \"A negative price\" in docs/benchmarks.md)"
 
 func ratio(r float64) string {
 	if r == 0 {

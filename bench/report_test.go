@@ -217,6 +217,16 @@ func TestCompareAndPriceLine(t *testing.T) {
 			t.Errorf("price line %q lacks %q", line, w)
 		}
 	}
+	if strings.Contains(line, "below zero") {
+		t.Errorf("price line %q says below zero", line)
+	}
+	// Steady faster than effects-only under one protocol: the line says
+	// why a price can be negative.
+	two.Summary[2].EventsPerSec = 120
+	summarizePrices(two)
+	if line := two.PriceLine(); !strings.Contains(line, "-20.0 % (consumer)") || !strings.Contains(line, "below zero: effects-only was the slower") {
+		t.Errorf("price line %q: want consumer's -20.0 %% and why it is below zero", line)
+	}
 }
 
 // Compare says a changed scenario list, compares the storm's settings

@@ -184,6 +184,7 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	c.Logger = slog.New(guardQuiet{c.Logger.Handler()})
 	return c
 }
 

@@ -420,7 +420,9 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	created = "" // --out is written
 	werr := res.WriteFiles(o.out, benchCommandLine(os.Args[1:]))
 	out := cmd.OutOrStdout()
-	fmt.Fprintln(out)
+	// The blank line parts the progress from the table on a terminal; on
+	// stderr, so that stdout is the table from its first line.
+	fmt.Fprintln(cmd.ErrOrStderr())
 	if err := res.WriteTable(out); err != nil {
 		return errors.Join(runErr, err)
 	}

@@ -96,6 +96,9 @@ func TestBenchCommand(t *testing.T) {
 					t.Fatalf("stdout lacks %q:\n%s", w, stdout)
 				}
 			}
+			if !strings.HasPrefix(strings.TrimLeft(stdout, " "), "run ") {
+				t.Errorf("stdout does not begin with the table's header:\n%q", stdout)
+			}
 			if strings.Contains(stdout, "NO") {
 				t.Fatalf("a run not exactly once:\n%s", stdout)
 			}
