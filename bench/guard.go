@@ -287,12 +287,7 @@ func guardHandlers(hs []sink.Handler, g *runGuard, stop func(error)) []sink.Hand
 			out[i] = h
 			continue
 		}
-		gh := guarded{Handler: h, g: g, stop: stop}
-		if f, ok := h.(sink.TopicFilter); ok {
-			out[i] = filteredGuarded{gh, f}
-		} else {
-			out[i] = gh
-		}
+		out[i] = wrap(h, guarded{Handler: h, g: g, stop: stop}.Apply, nil)
 	}
 	return out
 }
@@ -349,13 +344,6 @@ func (h guardQuiet) WithAttrs(as []slog.Attr) slog.Handler {
 	return guardQuiet{h.Handler.WithAttrs(as)}
 }
 func (h guardQuiet) WithGroup(name string) slog.Handler { return guardQuiet{h.Handler.WithGroup(name)} }
-
-type filteredGuarded struct {
-	guarded
-	f sink.TopicFilter
-}
-
-func (h filteredGuarded) Consumes(topic string) bool { return h.f.Consumes(topic) }
 
 // probeEvents is how many of the run's events the probe applies.
 const probeEvents = 16

@@ -295,6 +295,9 @@ func TestGuardSeesWritesOutsideTheRunsSchemas(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := guardHandlers([]sink.Handler{sqlHandler(t, "payments", paymentsSQL)}, g, nil)[0]
+	if f, ok := h.(sink.TopicFilter); !ok || !f.Consumes("payments") {
+		t.Errorf("the guarded SQL handler lost its topic filter (%T)", h)
+	}
 	err = h.Apply(ctx, tx, evs)
 	_ = tx.Rollback(ctx)
 	if err != nil {

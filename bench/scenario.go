@@ -259,38 +259,51 @@ func (b *benchRun) starter(g *groupRun) members.Starter {
 func topicAs(hs []sink.Handler, topic string) []sink.Handler {
 	out := make([]sink.Handler, len(hs))
 	for i, h := range hs {
-		a := asTopic{Handler: h, topic: topic}
-		if f, ok := h.(sink.TopicFilter); ok {
-			out[i] = filteredAsTopic{a, f}
-		} else {
-			out[i] = a
-		}
+		out[i] = wrap(h, func(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+			evs := slices.Clone(events)
+			for i := range evs {
+				evs[i].Topic = topic
+			}
+			return h.Apply(ctx, tx, evs)
+		}, func(f sink.TopicFilter, _ string) bool { return f.Consumes(topic) })
 	}
 	return out
 }
 
-// asTopic is a handler applying its events as of topic.
-type asTopic struct {
+// wrapped is a handler whose Apply is apply; the rest (its name, what
+// it writes) is the handler it wraps.
+type wrapped struct {
 	sink.Handler
-	topic string
+	apply func(ctx context.Context, tx pgx.Tx, events []sink.Event) error
 }
 
-func (h asTopic) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
-	evs := slices.Clone(events)
-	for i := range evs {
-		evs[i].Topic = h.topic
+func (h wrapped) Apply(ctx context.Context, tx pgx.Tx, events []sink.Event) error {
+	return h.apply(ctx, tx, events)
+}
+
+// filteredWrapped is wrapped of a handler that filters topics.
+type filteredWrapped struct {
+	wrapped
+	consumes func(topic string) bool
+}
+
+func (h filteredWrapped) Consumes(topic string) bool { return h.consumes(topic) }
+
+// wrap returns h with apply for its Apply. A handler that filters topics
+// (sink.TopicFilter) stays one: it consumes what consumes answers, asked
+// with h's filter; nil consumes keeps h's answers.
+func wrap(h sink.Handler, apply func(context.Context, pgx.Tx, []sink.Event) error, consumes func(f sink.TopicFilter, topic string) bool) sink.Handler {
+	w := wrapped{Handler: h, apply: apply}
+	f, ok := h.(sink.TopicFilter)
+	switch {
+	case !ok:
+		return w
+	case consumes == nil:
+		return filteredWrapped{w, f.Consumes}
+	default:
+		return filteredWrapped{w, func(topic string) bool { return consumes(f, topic) }}
 	}
-	return h.Handler.Apply(ctx, tx, evs)
 }
-
-// filteredAsTopic is asTopic of a handler that filters topics: it
-// consumes any topic as it consumes topic.
-type filteredAsTopic struct {
-	asTopic
-	f sink.TopicFilter
-}
-
-func (h filteredAsTopic) Consumes(string) bool { return h.f.Consumes(h.topic) }
 
 // Sample is one sample of a scenario run's progress, every 250 ms.
 type Sample struct {
