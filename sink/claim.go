@@ -88,14 +88,18 @@ const insertRun = 16
 // claimKeys claims keys with one dedup claim: a look-up then a COPY
 // (dedup.LookupClaim: the cheapest where no key was claimed before)
 // unless one of the Writer's last insertRun claims was contended; then an
-// insert that is its own look-up (dedup.InsertClaim). A contended claim
+// insert that is its own look-up (dedup.InsertClaim), and the last
+// claim by insert won at least half its keys. A contended claim
 // met a key claimed before that the look-up had not found, a concurrent
 // transaction's (a batch of another partition), which makes a COPY fail
 // part way and be written again; an insert's is any key claimed before, a
 // redelivery the cache did not know, which the insert skips for less than
 // a look-up costs. Such claims come in streaks (a producer's retries land
 // within moments), so the Writer inserts until insertRun claims in a row
-// meet none, then tries COPY again.
+// meet none, then tries COPY again; a claim by insert that won fewer than
+// half its keys (a re-read: keys claimed before, each costing the insert
+// and the read of its digest two probes, a look-up one) goes back to the
+// look-up at once.
 func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, traceID string) ([]bool, []dedup.Digest, int32, error) {
 	ds := make([]dedup.Digest, len(keys))
 	for i, k := range keys {
@@ -111,6 +115,10 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, trace
 		return nil, nil, 0, err
 	}
 	switch {
+	case byInsert && 2*claimed(c.Claimed) < len(keys):
+		// Mostly keys claimed before (a re-read): each cost the insert a
+		// probe and its digest's read another, where a look-up costs one.
+		w.byInsert.Store(0)
 	case c.Contended:
 		w.byInsert.Store(insertRun)
 	case byInsert:
@@ -128,6 +136,17 @@ func (w *Writer) claimKeys(ctx context.Context, tx pgx.Tx, keys []pending, trace
 		return nil, nil, 0, err
 	}
 	return c.Claimed, c.Stored, c.Slice, nil
+}
+
+// claimed counts the keys won.
+func claimed(won []bool) int {
+	n := 0
+	for _, w := range won {
+		if w {
+			n++
+		}
+	}
+	return n
 }
 
 // lostDigests sets stored[i] for each claimed key todo lost. A key lost to

@@ -21,7 +21,8 @@ import (
 // A claim that meets a concurrent one (a key of its batch claimed by
 // another transaction meanwhile) makes the Writer claim by insert until
 // sink.InsertRun claims in a row meet none; a contended claim by insert
-// starts the run again. Each key lost to the other transaction is skipped,
+// starts the run again, and one that won fewer than half its keys (a
+// re-read) ends it. Each key lost to the other transaction is skipped,
 // every other key applied once; a redelivery with another payload is a
 // conflict by insert as by COPY, whether the look-up finds its key or a
 // concurrent claim takes it while the claim waits.
@@ -169,6 +170,9 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 	if insert, contended := byInsert(); !insert || !contended {
 		t.Errorf("the conflicting redelivery: claimed by insert %v, contended %v; want true, true", insert, contended)
 	}
+	// It won none of its keys (fewer than half): the Writer looks up
+	// again, until the next contended claim.
+	contended("a contended COPY after a claim by insert that won nothing", false, false)
 	contended("a contended insert", true, false)
 	for i := range sink.InsertRun {
 		quiet(fmt.Sprintf("batch %d after the contended insert", i+1), true)
@@ -176,6 +180,33 @@ func TestWriteInsertsAfterContention(t *testing.T) {
 	quiet(fmt.Sprintf("the batch after %d quiet inserts", sink.InsertRun), false)
 	contended("a contended COPY, the other claim with another payload", false, true)
 	contended("a contended insert, the other claim with another payload", true, true)
+	// A batch whose keys were all claimed before (a re-read by a member
+	// whose cache never saw them): by insert each costs two probes (the
+	// insert's and its digest's read) where a look-up costs one, so the
+	// Writer looks the next batch's keys up.
+	reread := make([]uuid.UUID, 8)
+	var ks []dedup.Key
+	var ds []dedup.Digest
+	for i := range reread {
+		reread[i] = uuid.New()
+		for _, h := range orders.Names {
+			ks = append(ks, dedup.Key{EventID: reread[i], Handler: h})
+			ds = append(ds, dedup.PayloadDigest(order(int64(i+1), "A")))
+		}
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := dedup.Claim(ctx, tx, schema, "kafka", "", ks, ds)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := write(reread...); err != nil || res.Applied != 0 || res.SkippedPostgres != len(ks) || res.Conflicts != 0 {
+		t.Errorf("a re-read by insert: applied %d, skipped %d, conflicts %d, %v; want 0, %d, 0", res.Applied, res.SkippedPostgres, res.Conflicts, err, len(ks))
+	}
+	if insert, _ := byInsert(); !insert {
+		t.Error("the re-read batch was claimed by look-up; want by insert (the Writer was inserting)")
+	}
+	quiet("the batch after a re-read by insert", false)
 }
 
 // waitBlockedBy waits until a session waits for hold, an open transaction
