@@ -151,6 +151,44 @@ type Claims struct {
 // leave the rows copied before it dead and write them again.
 //
 // The transaction requirements are Claim's.
+func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
+	c := Claims{Claimed: make([]bool, len(keys))}
+	if len(keys) == 0 {
+		c.Found, c.Stored = []bool{}, []Digest{}
+		return c, nil
+	}
+	t := tablesOf(schema)
+	// One round trip: the lock, the slices and the look-up, in this order
+	// (the look-up's snapshot is taken after the lock is held). The COPY's
+	// savepoint goes with the COPY, so a batch found whole (a replay's
+	// re-read) has nothing to release.
+	b := &pgx.Batch{}
+	t.queueLock(b)
+	l := newLookupKeys(keys)
+	b.Queue(lookupSQL(t.processed), l.ids)
+	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, l, &c)
+	c.Slice = current
+	if err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	// Only the keys not found are ordered for the COPY: a batch that was
+	// all applied before sorts nothing.
+	todo := make([]int, 0, len(keys))
+	for i := range keys {
+		if !c.Found[i] {
+			todo = append(todo, i)
+		}
+	}
+	todo = distinct(keys, todo)
+	if len(todo) == 0 {
+		return c, nil
+	}
+	cs := newClaimSet(keys, digests, bus, traceID, current)
+	if c.Contended, err = t.write(ctx, q, cs, todo, c.Claimed); err != nil {
+		return c, fmt.Errorf("claim events: %w", err)
+	}
+	return c, nil
+}
 
 // InsertClaim claims keys with one INSERT … ON CONFLICT DO NOTHING into
 // the current slice, in (event_id, handler) order, without looking them
@@ -192,45 +230,6 @@ func InsertClaim(ctx context.Context, q Querier, schema, bus, traceID string, ke
 		return c, fmt.Errorf("claim events: %w", err)
 	}
 	c.Contended = n < len(todo)
-	return c, nil
-}
-
-func LookupClaim(ctx context.Context, q Querier, schema, bus, traceID string, keys []Key, digests []Digest) (Claims, error) {
-	c := Claims{Claimed: make([]bool, len(keys))}
-	if len(keys) == 0 {
-		c.Found, c.Stored = []bool{}, []Digest{}
-		return c, nil
-	}
-	t := tablesOf(schema)
-	// One round trip: the lock, the slices and the look-up, in this order
-	// (the look-up's snapshot is taken after the lock is held). The COPY's
-	// savepoint goes with the COPY, so a batch found whole (a replay's
-	// re-read) has nothing to release.
-	b := &pgx.Batch{}
-	t.queueLock(b)
-	l := newLookupKeys(keys)
-	b.Queue(lookupSQL(t.processed), l.ids)
-	current, err := lookupLocked(q.SendBatch(ctx, b), t, keys, l, &c)
-	c.Slice = current
-	if err != nil {
-		return c, fmt.Errorf("claim events: %w", err)
-	}
-	// Only the keys not found are ordered for the COPY: a batch that was
-	// all applied before sorts nothing.
-	todo := make([]int, 0, len(keys))
-	for i := range keys {
-		if !c.Found[i] {
-			todo = append(todo, i)
-		}
-	}
-	todo = distinct(keys, todo)
-	if len(todo) == 0 {
-		return c, nil
-	}
-	cs := newClaimSet(keys, digests, bus, traceID, current)
-	if c.Contended, err = t.write(ctx, q, cs, todo, c.Claimed); err != nil {
-		return c, fmt.Errorf("claim events: %w", err)
-	}
 	return c, nil
 }
 
