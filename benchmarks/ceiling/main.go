@@ -123,8 +123,8 @@ func (o options) validate() error {
 	if !(o.dups >= 0 && o.dups <= 1) || (o.dups > 0 && !o.insert) {
 		errs = append(errs, errors.New("-duplicates: 0 to 1, with -insert"))
 	}
-	if o.every < 0 || (o.every > 0 && o.every < o.batch) {
-		errs = append(errs, errors.New("-every: 0, or at least -batch"))
+	if o.every < 0 || (o.every > 0 && (o.every < o.batch || o.every > o.events)) {
+		errs = append(errs, errors.New("-every: 0, or from -batch to -events"))
 	}
 	switch o.layout {
 	case "seed", "onceflow", "narrow":
@@ -443,13 +443,21 @@ feed:
 	return n / el.Seconds(), cpu, nil
 }
 
-// windows times each -every events committed.
+// windows times each -every events committed: it keeps when each
+// transaction's events were counted committed, and places each window's
+// end between the two commits around it, in proportion (a transaction
+// commits many events at once, and a window rarely ends on one).
 type windows struct {
-	every int
-	start time.Time
-	mu    sync.Mutex
-	done  int
-	ends  []time.Duration // ends[k]: when (k+1)·every events had committed
+	every   int
+	start   time.Time
+	mu      sync.Mutex
+	done    int
+	commits []commit
+}
+
+type commit struct {
+	done int           // events committed in all, this transaction's included
+	at   time.Duration // since start
 }
 
 func (w *windows) add(n int) {
@@ -459,20 +467,34 @@ func (w *windows) add(n int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.done += n
-	for len(w.ends) < w.done/w.every {
-		w.ends = append(w.ends, time.Since(w.start))
+	w.commits = append(w.commits, commit{w.done, time.Since(w.start)})
+}
+
+// end returns when the events committed reached n, interpolated between
+// the commits around it.
+func (w *windows) end(n int) time.Duration {
+	i, _ := slices.BinarySearchFunc(w.commits, n, func(c commit, n int) int { return c.done - n })
+	prev := commit{}
+	if i > 0 {
+		prev = w.commits[i-1]
 	}
+	c := w.commits[i]
+	return prev.at + time.Duration(float64(c.at-prev.at)*float64(n-prev.done)/float64(c.done-prev.done))
 }
 
 // print writes the rate over each whole window, and the last window over
 // the first.
 func (w *windows) print() {
+	if w.every == 0 {
+		return
+	}
 	var prev time.Duration
 	var rates []float64
-	for k, end := range w.ends {
+	for k := 1; k*w.every <= w.done; k++ {
+		end := w.end(k * w.every)
 		rate := float64(w.every) / (end - prev).Seconds()
 		rates = append(rates, rate)
-		fmt.Printf("  events %d–%d: %.0f events/s\n", k*w.every+1, (k+1)*w.every, rate)
+		fmt.Printf("  events %d–%d: %.0f events/s\n", (k-1)*w.every+1, k*w.every, rate)
 		prev = end
 	}
 	if len(rates) > 1 {
