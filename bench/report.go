@@ -58,9 +58,10 @@ func (res *Results) PriceLine() string {
 // negativePrice follows a price below zero: steady outran effects-only,
 // which writes the same effects without dedup rows, so effects-only lost
 // more to something steady does not pay for.
-const negativePrice = " (below zero: effects-only was the slower; its writers, each with a batch of 1000 events, " +
-	"wait on one another's row locks when the handlers update a few hot rows, where steady's per-partition batches " +
-	"are smaller; see \"A negative price\" in docs/benchmarks.md)"
+const negativePrice = " (below zero: effects-only was the slower; when the handlers update a few hot rows its writers, " +
+	"each with a batch of 1000 events, wait on one another's row locks, or deadlock when a statement's rows are not " +
+	"in one order (Postgres breaks a deadlock after deadlock_timeout, 1 s by default), where steady's per-partition " +
+	"batches are smaller; see \"A negative price\" in docs/benchmarks.md)"
 
 func ratio(r float64) string {
 	if r == 0 {
