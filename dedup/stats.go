@@ -82,7 +82,9 @@ func (s *Statistics) Done(slice int32) bool { return int64(slice) < s.next.Load(
 // second, and calls while another one checks, return at once. A failed
 // try (an error, or no statistics after the ANALYZE) leaves the slice to a
 // later call, up to MaxAnalyzeTries tries; the error is returned, after
-// the last try with the slice given up.
+// the last try with the slice given up. An ANALYZE skipped for another
+// session's lock on the slice is no try and no error: a later call looks
+// again.
 func (s *Statistics) Ensure(ctx context.Context, q Querier, slice int32) error {
 	if s.Done(slice) || !s.mu.TryLock() {
 		return nil
@@ -101,9 +103,18 @@ func (s *Statistics) Ensure(ctx context.Context, q Querier, slice int32) error {
 			return nil
 		}
 		st, err = s.analyze(ctx, q, slice)
+		if err == nil && !st.has {
+			// SKIP_LOCKED skipped it for another session's lock (another
+			// member's ANALYZE, autovacuum's): not a try; a second later
+			// it has statistics, or is free.
+			var held bool
+			if held, err = s.heldByAnother(ctx, q, slice); err == nil && held {
+				return nil
+			}
+		}
 	}
 	if err == nil && !st.has {
-		err = fmt.Errorf("%s has no planner statistics after ANALYZE (only its owner can analyze it; or another ANALYZE held it)", sliceName(slice))
+		err = fmt.Errorf("%s has no planner statistics after ANALYZE (only its owner, or the database's, can analyze it)", sliceName(slice))
 	}
 	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
@@ -134,6 +145,23 @@ func (s *Statistics) analyze(ctx context.Context, q Querier, slice int32) (slice
 			"slice", sliceName(slice), "rows", st.rows, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return st, err
+}
+
+// heldByAnother reports whether another session holds a lock on slice
+// that ANALYZE waits for, which ANALYZE (SKIP_LOCKED) skips the slice for.
+func (s *Statistics) heldByAnother(ctx context.Context, q Querier, slice int32) (bool, error) {
+	rows, err := q.Query(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+WHERE locktype = 'relation' AND relation = to_regclass(format('%I.%I', $1::text, $2::text)) AND granted AND pid <> pg_backend_pid()
+  AND mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'))`,
+		s.t.schema, sliceName(slice))
+	if err != nil {
+		return false, fmt.Errorf("read the locks on %s: %w", sliceName(slice), err)
+	}
+	held, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return false, fmt.Errorf("read the locks on %s: %w", sliceName(slice), err)
+	}
+	return held, nil
 }
 
 // sliceStats is what Ensure reads of a slice.

@@ -75,3 +75,60 @@ SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(A
 		t.Error("done, and the slice has no statistics of event_id")
 	}
 }
+
+// While another session holds the slice as an ANALYZE does (another
+// member's, autovacuum's), Ensure's ANALYZE skips it: that is no failed
+// try and no error, however long it lasts; once the lock is gone, Ensure
+// analyzes it.
+func TestStatisticsWaitsForAnotherAnalyze(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	slice := pgx.Identifier{schema, "processed_events_s0"}.Sanitize()
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+slice+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+slice+` (event_id, handler, bus, slice)
+SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(ARRAY['a', 'b', 'c', 'd']) h`); err != nil {
+		t.Fatal(err)
+	}
+	// The server's row count, which Ensure reads, comes a moment late.
+	for deadline := time.Now().Add(20 * time.Second); sinktest.Count(t, pool, `SELECT count(*) FROM pg_stat_user_tables
+WHERE schemaname = $1 AND relname = 'processed_events_s0' AND n_live_tup >= 90000`, schema) == 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not count the slice's rows in 20 s")
+		}
+	}
+	s := dedup.NewStatistics(schema, nil)
+	hold, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(context.Background()) //nolint:errcheck // rolled back below
+	if _, err := hold.Exec(ctx, `LOCK TABLE `+slice+` IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	for check := range dedup.MaxAnalyzeTries + 1 {
+		if err := s.Ensure(ctx, pool, 0); err != nil {
+			t.Fatalf("check %d, while another session holds the slice: %v; want no error", check+1, err)
+		}
+		if s.Done(0) {
+			t.Fatalf("check %d: done while another session holds the slice (no statistics)", check+1)
+		}
+		time.Sleep(1100 * time.Millisecond) // Ensure checks a slice once a second
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !s.Done(0); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slice was not analyzed in 20 s once free")
+		}
+		if err := s.Ensure(ctx, pool, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sinktest.Count(t, pool, `SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'processed_events_s0' AND attname = 'event_id'`, schema) != 1 {
+		t.Error("done, and the slice has no statistics of event_id")
+	}
+}
