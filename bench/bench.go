@@ -30,7 +30,9 @@ type RunResult struct {
 	// storm, replay) and its members' group protocol.
 	Scenario      string `json:"scenario,omitempty"`
 	GroupProtocol string `json:"group_protocol,omitempty"`
-	Format        string `json:"format,omitempty"` // a scenario run's payload format, when not JSON (Config.Formats)
+	// Writers: a baseline's writers at once (Settings.BaselineWriters).
+	Writers int    `json:"writers,omitempty"`
+	Format  string `json:"format,omitempty"` // a scenario run's payload format, when not JSON (Config.Formats)
 	// Events are the unique events applied; Records the records read
 	// (with the redeliveries, and for replay the half read twice).
 	Events       int     `json:"events"`
@@ -160,7 +162,11 @@ type Settings struct {
 	Rounds     int      `json:"rounds"`
 	BatchMax   int      `json:"batch_max_records"`
 	PoolSize   int      `json:"pool_size"`
-	Kafka      string   `json:"kafka"` // "embedded kfake" or the brokers
+	// BaselineWriters are the writers of each baseline (by its name);
+	// Calibration, when they were measured, each candidate's rate.
+	BaselineWriters map[string]int `json:"baseline_writers,omitempty"`
+	Calibration     []Calibration  `json:"calibration,omitempty"`
+	Kafka           string         `json:"kafka"` // "embedded kfake" or the brokers
 	// StormChanges and StormEvery: the storm's planned membership
 	// changes and the time between them (seconds).
 	StormChanges   int      `json:"storm_changes,omitempty"`
@@ -200,6 +206,7 @@ type benchRun struct {
 	schemas      []string       // made by the runs, in order
 	profiled     bool           // the CPU profile was taken
 	formats      []*formatTopic // Config.Formats' streams
+	writers      map[string]int // each baseline's writers (calibrate)
 }
 
 // Run benchmarks cfg's handlers (see the package doc): it generates the
@@ -344,6 +351,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		fmt.Fprintf(cfg.Progress, "  produced them again in %v in %.1fs\n", res.Settings.Formats, time.Since(t0).Seconds())
 	}
 
+	if err := b.calibrate(ctx, res); err != nil {
+		return res, err
+	}
 	var failed []string
 	for round := 1; round <= cfg.Rounds; round++ {
 		specs := []runSpec{{name: EffectsOnly, scenario: EffectsOnly}} // always: the tables' reference
@@ -457,14 +467,13 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 		if err != nil {
 			return nil, err
 		}
-		batch := b.cfg.Consumer.BatchMaxRecords
-		if batch == 0 {
-			batch = 1000
-		}
-		b.line.set("  %s: %s, %d per transaction, %s", label, count(len(b.recs.events), "unique event"), batch, count(b.cfg.PoolSize, "writer"))
+		batch := b.batch()
+		writers := b.baselineWriters(spec.scenario)
+		r.Writers = writers
+		b.line.set("  %s: %s, %d per transaction, %s", label, count(len(b.recs.events), "unique event"), batch, count(writers, "writer"))
 		r.Records = len(b.recs.events)
 		hs = guardHandlers(hs, b.iso.guard(schema), nil)
-		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, b.cfg.PoolSize, n == RawCopy, b.cfg.Writer.Parse); err != nil {
+		if err := baseline(ctx, pool, schema, hs, b.recs.events, batch, writers, n == RawCopy, b.cfg.Writer.Parse); err != nil {
 			b.failed(ctx, label)
 			if we := (*WroteError)(nil); errors.As(err, &we) {
 				return nil, fmt.Errorf("%s: %w", n, we)
@@ -746,4 +755,13 @@ func summarizePrices(res *Results) {
 			}
 		}
 	}
+}
+
+// batch is the members' batch.max_records, which the baselines' batches
+// are as large as.
+func (b *benchRun) batch() int {
+	if n := b.cfg.Consumer.BatchMaxRecords; n > 0 {
+		return n
+	}
+	return 1000 // processor.DefaultBatchMaxRecords
 }

@@ -127,6 +127,13 @@ func (res *Results) WriteFiles(dir, command string) error {
 		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), 100*st.Duplicates, count(st.Partitions, "partition"),
 		count(st.Members, "member"), st.BatchMax, count(st.PoolSize, "Postgres connection"), st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
+	if len(st.BaselineWriters) > 0 {
+		how := "as set"
+		if len(st.Calibration) > 0 {
+			how = fmt.Sprintf("the fastest over the first %s", count(st.Calibration[0].Events, "event"))
+		}
+		fmt.Fprintf(&md, "Baselines' writers (%s): %s. ", how, calibrationLine(st))
+	}
 	if st.StormChanges > 0 {
 		pace := "spread over the stream"
 		if st.StormEvery > 0 {

@@ -56,6 +56,14 @@ type Config struct {
 	// writers (default 4).
 	LRUSize  int
 	PoolSize int
+	// BaselineWriters is how many writers effects-only and raw-copy write
+	// with at once; 0: the fastest of PoolSize, its half, its quarter, …,
+	// 1, each timed over the first CalibrationEvents events before the
+	// rounds (one writer per connection at most: it is at most PoolSize).
+	// Handlers that update a few hot rows make concurrent writers wait on
+	// one another, and a baseline must be the fastest writer of the
+	// effects, not one slowed by its own contention.
+	BaselineWriters int
 
 	// Brokers: a real Kafka, where Run creates a topic of its own and
 	// deletes it at the end (never a topic of the configuration); empty:
@@ -269,6 +277,9 @@ func (c Config) Validate() error {
 	}
 	if c.PoolSize < 1 {
 		bad("PoolSize", c.PoolSize, "at least 1")
+	}
+	if c.BaselineWriters < 0 || c.BaselineWriters > max(c.PoolSize, 1) {
+		bad("BaselineWriters", c.BaselineWriters, "from 0 (the fastest, measured) to PoolSize (%d)", c.PoolSize)
 	}
 	if c.StormChanges < 1 {
 		bad("StormChanges", c.StormChanges, "at least 1")

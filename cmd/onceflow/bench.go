@@ -47,6 +47,7 @@ type benchOptions struct {
 	protobufSchema   string
 	schemaRegistry   string
 	pool             int
+	baselineWriters  int
 	seed             uint64
 	keep             bool
 	noRawCopy        bool
@@ -168,6 +169,7 @@ without --sample or --template, it only drops).`,
 	f.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process during the first round's --cpuprofile-of run to this file (go tool pprof)")
 	f.StringVar(&o.cpuprofileOf, "cpuprofile-of", bench.Steady, "the run --cpuprofile profiles: steady, storm, replay, effects-only or raw-copy")
 	f.IntVar(&o.pool, "pool", 0, "Postgres connections of the benchmark, shared by the members and the baselines' writers (default postgres.pool_size)")
+	f.IntVar(&o.baselineWriters, "baseline-writers", 0, "writers of effects-only and raw-copy at once, at most --pool (default: the fastest of the pool, its half, …, 1, measured over the first 50 000 events before the rounds)")
 	f.Uint64Var(&o.seed, "seed", 1, "the stream's seed: the same seed gives the same ids and payloads ({{now}} and the records' timestamps aside)")
 	f.BoolVar(&o.keep, "keep", false, "leave the runs' schemas for inspection")
 	f.BoolVar(&o.noRawCopy, "no-raw-copy", false, "skip the raw-copy baseline (effects-only always runs: it is the tables' reference)")
@@ -214,6 +216,9 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	flags := cmd.Flags()
 	if flags.Changed("pool") && o.pool < 1 {
 		ps = append(ps, fmt.Errorf("--pool %d: at least 1 (leave it out for postgres.pool_size)", o.pool))
+	}
+	if flags.Changed("baseline-writers") && (o.baselineWriters < 1 || o.pool > 0 && o.baselineWriters > o.pool) {
+		ps = append(ps, fmt.Errorf("--baseline-writers %d: from 1 to the pool's connections (--pool, or postgres.pool_size; leave it out to measure the fastest)", o.baselineWriters))
 	}
 	var scenarios []string
 	for _, s := range o.scenarios {
@@ -353,7 +358,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	}
 	cfg := bench.Config{
 		Pool: pool, Handlers: handlers, Migrate: registry.migrator(a.cfg.Handlers),
-		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size,
+		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size, BaselineWriters: o.baselineWriters,
 		Brokers: brokers, Topic: topic, Payloads: payloads,
 		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
 		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
@@ -448,7 +453,7 @@ var benchFlags = map[string]string{
 	"Events": "--events", "Duplicates": "--duplicates", "Partitions": "--partitions", "Members": "--members",
 	"Scenarios": "--scenarios", "Rounds": "--rounds", "StormChanges": "--storm-changes", "StormEvery": "--storm-every",
 	"GroupProtocols": "--group-protocol", "InstanceID": "--instance-id", "Formats": "--formats", "CPUProfileOf": "--cpuprofile-of",
-	"Schema": "--bench-schema", "PoolSize": "--pool", "Brokers": "--brokers", "NoRawCopy": "--no-raw-copy", "Topic": "--topic",
+	"Schema": "--bench-schema", "PoolSize": "--pool", "BaselineWriters": "--baseline-writers", "Brokers": "--brokers", "NoRawCopy": "--no-raw-copy", "Topic": "--topic",
 	"Consumer.Decode.Format": "decode.format", "Consumer.Decode.IDSource": "decode.event_id_source",
 }
 

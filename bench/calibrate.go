@@ -1,0 +1,142 @@
+// The baselines' writers: how many write at once, measured before the
+// rounds unless Config.BaselineWriters says.
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// CalibrationEvents is how many of the stream's first unique events each
+// candidate count of baseline writers writes when Run measures which is
+// the fastest (Config.BaselineWriters 0); a stream with fewer than
+// MinCalibrationEvents is too short to tell them apart, and its baselines
+// write on PoolSize writers.
+const (
+	CalibrationEvents    = 50_000
+	MinCalibrationEvents = 10_000
+)
+
+// Calibration is one candidate's rate when Run measured the baselines'
+// writers.
+type Calibration struct {
+	Baseline     string  `json:"baseline"`
+	Writers      int     `json:"writers"`
+	Events       int     `json:"events"`
+	EventsPerSec float64 `json:"events_per_sec"`
+}
+
+// writerCounts are the counts of baseline writers Run tries with pool
+// connections: pool, its half, its quarter, …, 1.
+func writerCounts(pool int) []int {
+	var ws []int
+	for w := pool; w >= 1; w /= 2 {
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// calibrate sets each baseline's writers (b.writers) and says them in
+// res.Settings: Config.BaselineWriters when set; otherwise the fastest of
+// writerCounts, each writing the stream's first CalibrationEvents events
+// in a schema of its own, dropped after. A candidate that fails (a payload
+// that does not apply, say) is not counted: the baseline's runs say the
+// failure, with the payload.
+func (b *benchRun) calibrate(ctx context.Context, res *Results) error {
+	names := []string{EffectsOnly}
+	if !b.cfg.NoRawCopy {
+		names = append(names, RawCopy)
+	}
+	b.writers = map[string]int{}
+	counts := writerCounts(b.cfg.PoolSize)
+	n := min(len(b.recs.events), CalibrationEvents)
+	for _, name := range names {
+		b.writers[name] = b.cfg.PoolSize
+		switch {
+		case b.cfg.BaselineWriters > 0:
+			b.writers[name] = b.cfg.BaselineWriters
+			continue
+		case len(counts) == 1 || n < MinCalibrationEvents:
+			continue
+		}
+		best := 0.0
+		for _, w := range counts {
+			rate, err := b.trial(ctx, name, w, n)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				continue
+			}
+			res.Settings.Calibration = append(res.Settings.Calibration, Calibration{Baseline: name, Writers: w, Events: n, EventsPerSec: rate})
+			if rate > best {
+				best, b.writers[name] = rate, w
+			}
+		}
+	}
+	res.Settings.BaselineWriters = b.writers
+	if len(res.Settings.Calibration) > 0 {
+		fmt.Fprintf(b.cfg.Progress, "  baselines' writers, the fastest over the first %s: %s\n", count(n, "event"), calibrationLine(res.Settings))
+	}
+	return nil
+}
+
+// trial times the baseline name on w writers over the stream's first n
+// events, in a schema of its own.
+func (b *benchRun) trial(ctx context.Context, name string, w, n int) (float64, error) {
+	schema := fmt.Sprintf("%s_%s_calib_%s_w%d", b.cfg.Schema, b.id, schemaWord(name), w)
+	pool, err := b.iso.Create(ctx, schema, b.cfg.PoolSize)
+	if err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	b.schemas = append(b.schemas, schema, cloneSchema(schema))
+	b.mu.Unlock()
+	defer pool.Close()
+	hs, err := b.cfg.Handlers(schema)
+	if err == nil {
+		b.line.set("  %s on %s: %s", name, count(w, "writer"), count(n, "event"))
+		hs = guardHandlers(hs, b.iso.guard(schema), nil)
+		start := time.Now()
+		if err = baseline(ctx, pool, schema, hs, b.recs.events[:n], b.batch(), w, name == RawCopy, b.cfg.Writer.Parse); err == nil {
+			return float64(n) / time.Since(start).Seconds(), b.iso.Drop(context.WithoutCancel(ctx), schema)
+		}
+	}
+	return 0, errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
+}
+
+// baselineWriters is how many writers the baseline name writes with.
+func (b *benchRun) baselineWriters(name string) int {
+	if w := b.writers[name]; w > 0 {
+		return w
+	}
+	return b.cfg.PoolSize
+}
+
+// calibrationLine says each baseline's writers and, when they were
+// measured, every candidate's rate.
+func calibrationLine(st Settings) string {
+	var parts []string
+	for _, name := range []string{EffectsOnly, RawCopy} {
+		w, ok := st.BaselineWriters[name]
+		if !ok {
+			continue
+		}
+		var tried []string
+		for _, c := range st.Calibration {
+			if c.Baseline == name {
+				tried = append(tried, fmt.Sprintf("%d: %.0f", c.Writers, c.EventsPerSec))
+			}
+		}
+		p := fmt.Sprintf("%s %d", name, w)
+		if len(tried) > 0 {
+			p += " (events/s on " + strings.Join(tried, ", ") + ")"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
