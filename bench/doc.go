@@ -25,6 +25,9 @@
 //     written (a write is rolled back and ends the benchmark); a
 //     sequence of the user's moved on a path the probe did not take is
 //     named, not undone;
+//   - the baselines' writers: the fastest of the pool's count, its half,
+//     …, one, each timed over the stream's first events
+//     ([CalibrationEvents]), unless [Config.BaselineWriters] sets them;
 //   - the baselines and the scenarios ([Run]), each checked from the
 //     tables: every handler claimed every unique event once, no dead
 //     letter, and the written tables hold what the effects-only baseline
