@@ -159,7 +159,7 @@ func FindLeftovers(ctx context.Context, c Config, own string, drop bool) (*Lefto
 	if !validSchemaPrefix(c.Schema) {
 		return nil, &ConfigError{Field: "Schema", Value: fmt.Sprintf("%q", c.Schema), Problem: "not a schema prefix of bench"}
 	}
-	re := regexp.MustCompile(`^` + c.Schema + `_([0-9a-f]{8})_(run|[a-z_]+_r[0-9]+(_t)?)$`)
+	re := regexp.MustCompile(`^` + c.Schema + `_([0-9a-f]{8})_(run|[a-z_]+_r[0-9]+(_t)?|calib_[a-z_]+_w[0-9]+(_t)?)$`)
 	rows, err := c.Pool.Query(ctx, `SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1) ORDER BY 1`, c.Schema+"_")
 	if err != nil {
 		return nil, fmt.Errorf("list bench schemas: %w", err)

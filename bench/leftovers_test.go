@@ -28,7 +28,8 @@ func TestFindLeftoversTellsLiveRunsFromDeadOnes(t *testing.T) {
 	pool := sinktest.Pool(t)
 	ctx := t.Context()
 	prefix := us + "_l"
-	dead := []string{prefix + "_0000dead_steady_r1", prefix + "_0000dead_steady_r1_t", prefix + "_0000dead_raw_copy_r2", prefix + "_0000dead_run"}
+	dead := []string{prefix + "_0000dead_steady_r1", prefix + "_0000dead_steady_r1_t", prefix + "_0000dead_raw_copy_r2",
+		prefix + "_0000dead_calib_effects_only_w4", prefix + "_0000dead_calib_effects_only_w4_t", prefix + "_0000dead_run"}
 	live := []string{prefix + "_0000a11e_storm_r1", prefix + "_0000a11e_storm_r1_t", prefix + "_0000a11e_run"}
 	others := []string{prefix + "_0000dead_notes", prefix + "_notarun", prefix + "x_0000dead_steady_r1", prefix + "_0000DEAD_steady_r1"}
 	unmarked := []string{prefix + "_000001d0_steady_r1", prefix + "_000001d0_steady_r1_t"} // an onceflow that took no lock made them
@@ -65,7 +66,7 @@ func TestFindLeftoversTellsLiveRunsFromDeadOnes(t *testing.T) {
 	if r := l.Report(false); !strings.Contains(r, "made by an earlier onceflow, which took no lock") || !strings.Contains(r, "--drop-leftovers drops them") {
 		t.Errorf("report:\n%s", r)
 	}
-	if cmds := l.Commands(); len(cmds) != 1 || !strings.HasPrefix(cmds[0], `DROP SCHEMA IF EXISTS "`+prefix+`_0000dead_raw_copy_r2", `) {
+	if cmds := l.Commands(); len(cmds) != 1 || !strings.HasPrefix(cmds[0], `DROP SCHEMA IF EXISTS "`+prefix+`_0000dead_calib_effects_only_w4", `) {
 		t.Errorf("commands %q", cmds)
 	}
 	if _, err := FindLeftovers(ctx, c, "", true); err != nil {
