@@ -166,7 +166,10 @@ type Settings struct {
 	// Calibration, when they were measured, each candidate's rate.
 	BaselineWriters map[string]int `json:"baseline_writers,omitempty"`
 	Calibration     []Calibration  `json:"calibration,omitempty"`
-	Kafka           string         `json:"kafka"` // "embedded kfake" or the brokers
+	// BaselineWritersBy: "measured", "set" (Config.BaselineWriters), or
+	// why they were not timed ("untimed: …": the pool's connections).
+	BaselineWritersBy string `json:"baseline_writers_by,omitempty"`
+	Kafka             string `json:"kafka"` // "embedded kfake" or the brokers
 	// StormChanges and StormEvery: the storm's planned membership
 	// changes and the time between them (seconds).
 	StormChanges   int      `json:"storm_changes,omitempty"`

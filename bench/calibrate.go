@@ -31,7 +31,8 @@ type Calibration struct {
 }
 
 // writerCounts are the counts of baseline writers Run tries with pool
-// connections: pool, its half, its quarter, …, 1.
+// connections: pool, its half, its quarter, …, 1, each rounded down (3
+// tries 3 and 1).
 func writerCounts(pool int) []int {
 	var ws []int
 	for w := pool; w >= 1; w /= 2 {
@@ -54,13 +55,24 @@ func (b *benchRun) calibrate(ctx context.Context, res *Results) error {
 	b.writers = map[string]int{}
 	counts := writerCounts(b.cfg.PoolSize)
 	n := min(len(b.recs.events), CalibrationEvents)
+	switch {
+	case b.cfg.BaselineWriters > 0:
+		res.Settings.BaselineWritersBy = "set"
+	case len(counts) == 1:
+		res.Settings.BaselineWritersBy = "untimed: one connection"
+	case n < MinCalibrationEvents:
+		res.Settings.BaselineWritersBy = fmt.Sprintf("untimed: fewer than %d events", MinCalibrationEvents)
+	default:
+		res.Settings.BaselineWritersBy = "measured"
+	}
 	for _, name := range names {
 		b.writers[name] = b.cfg.PoolSize
-		switch {
-		case b.cfg.BaselineWriters > 0:
+		switch res.Settings.BaselineWritersBy {
+		case "set":
 			b.writers[name] = b.cfg.BaselineWriters
 			continue
-		case len(counts) == 1 || n < MinCalibrationEvents:
+		case "measured":
+		default:
 			continue
 		}
 		best := 0.0
@@ -79,10 +91,21 @@ func (b *benchRun) calibrate(ctx context.Context, res *Results) error {
 		}
 	}
 	res.Settings.BaselineWriters = b.writers
-	if len(res.Settings.Calibration) > 0 {
-		fmt.Fprintf(b.cfg.Progress, "  baselines' writers, the fastest over the first %s: %s\n", count(n, "event"), calibrationLine(res.Settings))
-	}
+	fmt.Fprintf(b.cfg.Progress, "  baselines' writers (%s): %s\n", writersHow(res.Settings), calibrationLine(res.Settings))
 	return nil
+}
+
+// writersHow says how st's baselines' writers were chosen.
+func writersHow(st Settings) string {
+	switch {
+	case len(st.Calibration) > 0:
+		return fmt.Sprintf("the fastest over the first %s", count(st.Calibration[0].Events, "event"))
+	case st.BaselineWritersBy == "set":
+		return "as set"
+	case st.BaselineWritersBy != "":
+		return st.BaselineWritersBy
+	}
+	return "the pool's connections"
 }
 
 // trial times the baseline name on w writers over the stream's first n
@@ -93,10 +116,7 @@ func (b *benchRun) trial(ctx context.Context, name string, w, n int) (float64, e
 	if err != nil {
 		return 0, err
 	}
-	b.mu.Lock()
-	b.schemas = append(b.schemas, schema, cloneSchema(schema))
-	b.mu.Unlock()
-	defer pool.Close()
+	defer pool.Close() // the schemas are dropped below, --keep or not: none is the run's
 	hs, err := b.cfg.Handlers(schema)
 	if err == nil {
 		b.line.set("  %s on %s: %s", name, count(w, "writer"), count(n, "event"))

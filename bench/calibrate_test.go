@@ -80,11 +80,18 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 			}
 		}
 	}
-	if !strings.Contains(progress, "baselines' writers, the fastest over the first") {
+	if !strings.Contains(progress, "baselines' writers (the fastest over the first ") {
 		t.Errorf("the progress does not say the baselines' writers:\n%s", progress)
 	}
 
+	if st.BaselineWritersBy != "measured" {
+		t.Errorf("baseline writers by %q, want measured", st.BaselineWritersBy)
+	}
+
 	res, progress = run(1)
+	if res.Settings.BaselineWritersBy != "set" || !strings.Contains(progress, "baselines' writers (as set): effects-only 1; raw-copy 1") {
+		t.Errorf("BaselineWriters 1: by %q, progress:\n%s", res.Settings.BaselineWritersBy, progress)
+	}
 	if len(res.Settings.Calibration) != 0 || res.Settings.BaselineWriters[EffectsOnly] != 1 || res.Settings.BaselineWriters[RawCopy] != 1 {
 		t.Errorf("BaselineWriters 1: calibration %v, writers %v; want none timed, 1 each", res.Settings.Calibration, res.Settings.BaselineWriters)
 	}
@@ -93,7 +100,7 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 			t.Errorf("BaselineWriters 1: %s wrote on %d writers", r.Name, r.Writers)
 		}
 	}
-	if strings.Contains(progress, "the fastest over") {
+	if strings.Contains(progress, "the fastest over") || strings.Contains(progress, " on 4 writers") {
 		t.Errorf("BaselineWriters 1, and the progress says writers were timed:\n%s", progress)
 	}
 }

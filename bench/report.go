@@ -128,11 +128,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 		count(st.Members, "member"), st.BatchMax, count(st.PoolSize, "Postgres connection"), st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	if len(st.BaselineWriters) > 0 {
-		how := "as set"
-		if len(st.Calibration) > 0 {
-			how = fmt.Sprintf("the fastest over the first %s", count(st.Calibration[0].Events, "event"))
-		}
-		fmt.Fprintf(&md, "Baselines' writers (%s): %s. ", how, calibrationLine(st))
+		fmt.Fprintf(&md, "Baselines' writers (%s): %s. ", writersHow(st), calibrationLine(st))
 	}
 	if st.StormChanges > 0 {
 		pace := "spread over the stream"
@@ -438,6 +434,7 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("rounds", a.Rounds, b.Rounds)
 	add("batch_max_records", a.BatchMax, b.BatchMax)
 	add("pool", a.PoolSize, b.PoolSize)
+	add("baseline_writers", baselineWriters(a), baselineWriters(b))
 	add("kafka", a.Kafka, b.Kafka)
 	add("handlers", a.Handlers, b.Handlers)
 	if slices.Contains(sa, Storm) && slices.Contains(sb, Storm) { // a run without a storm has no storm settings
@@ -496,4 +493,21 @@ func scenarios(keys map[string]runKey, r *Results) []string {
 		}
 	}
 	return out
+}
+
+// baselineWriters says st's baselines' writers as the flag takes them
+// (effects-only 2, raw-copy 2); results from before bench measured them
+// wrote on the pool's connections.
+func baselineWriters(st Settings) string {
+	var ws []string
+	for _, name := range []string{EffectsOnly, RawCopy} {
+		w, ok := st.BaselineWriters[name]
+		if !ok && st.BaselineWriters == nil {
+			w, ok = st.PoolSize, st.PoolSize > 0
+		}
+		if ok {
+			ws = append(ws, fmt.Sprintf("%s %d", name, w))
+		}
+	}
+	return orDash(strings.Join(ws, ", "))
 }

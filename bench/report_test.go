@@ -203,6 +203,15 @@ func TestCompareAndPriceLine(t *testing.T) {
 	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "rounds 2 → 1") {
 		t.Errorf("Compare: %v\n%s\nwant rounds 2 → 1", err, b.String())
 	}
+	// Results from before bench measured the baselines' writers wrote on
+	// the pool's connections.
+	old.Settings.PoolSize, cur.Settings.PoolSize = 4, 4
+	cur.Settings.BaselineWriters = map[string]int{EffectsOnly: 2, RawCopy: 4}
+	b.Reset()
+	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "baseline_writers effects-only 4, raw-copy 4 → effects-only 2, raw-copy 4") {
+		t.Errorf("Compare: %v\n%s\nwant baseline_writers effects-only 4, raw-copy 4 → effects-only 2, raw-copy 4", err, b.String())
+	}
+	cur.Settings.BaselineWriters = nil
 	old.Settings.GroupProtocols, cur.Settings.GroupProtocols = []string{"classic"}, []string{"classic", "consumer"}
 	b.Reset()
 	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "group_protocols classic → classic,consumer") {
