@@ -55,24 +55,22 @@ func (b *benchRun) calibrate(ctx context.Context, res *Results) error {
 	b.writers = map[string]int{}
 	counts := writerCounts(b.cfg.PoolSize)
 	n := min(len(b.recs.events), CalibrationEvents)
+	by := "measured"
 	switch {
 	case b.cfg.BaselineWriters > 0:
-		res.Settings.BaselineWritersBy = "set"
+		by = "set"
 	case len(counts) == 1:
-		res.Settings.BaselineWritersBy = "untimed: one connection"
+		by = "untimed: one connection"
 	case n < MinCalibrationEvents:
-		res.Settings.BaselineWritersBy = fmt.Sprintf("untimed: fewer than %d events", MinCalibrationEvents)
-	default:
-		res.Settings.BaselineWritersBy = "measured"
+		by = fmt.Sprintf("untimed: fewer than %d events", MinCalibrationEvents)
 	}
+	res.Settings.BaselineWritersBy = by
 	for _, name := range names {
 		b.writers[name] = b.cfg.PoolSize
-		switch res.Settings.BaselineWritersBy {
-		case "set":
+		if by == "set" {
 			b.writers[name] = b.cfg.BaselineWriters
-			continue
-		case "measured":
-		default:
+		}
+		if by != "measured" {
 			continue
 		}
 		best := 0.0
