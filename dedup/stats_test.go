@@ -30,21 +30,13 @@ func (q noAnalyze) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 // gives a slice it cannot analyze up after MaxAnalyzeTries failed tries
 // rather than trying again after every batch for ever.
 func TestStatisticsAnalyzeOrGiveUp(t *testing.T) {
-	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	pool, schema, slice := quietSlice(t)
 	ctx := t.Context()
-	slice := pgx.Identifier{schema, "processed_events_s0"}.Sanitize()
-	if _, err := pool.Exec(ctx, `ALTER TABLE `+slice+` SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
 	s := dedup.NewStatistics(schema, nil)
 	if err := s.Ensure(ctx, pool, 0); err != nil || s.Done(0) {
 		t.Fatalf("an empty slice: Ensure = %v, done %v; want nil, not done (too few rows to sample)", err, s.Done(0))
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+slice+` (event_id, handler, bus, slice)
-SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(ARRAY['a', 'b', 'c', 'd']) h`); err != nil {
-		t.Fatal(err)
-	}
+	fillSlice(t, pool, slice)
 
 	failing := dedup.NewStatistics(schema, nil)
 	var errs []error
@@ -63,11 +55,41 @@ SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(A
 		t.Errorf("the last try's error %q does not say the slice was given up", errs[len(errs)-1])
 	}
 
+	ensureAnalyzed(t, pool, s, schema)
+}
+
+// quietSlice returns a pool, a schema of onceflow's tables and its dedup
+// slice 0 (quoted), which autovacuum leaves alone.
+func quietSlice(t *testing.T) (*pgxpool.Pool, string, string) {
+	t.Helper()
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	slice := pgx.Identifier{schema, "processed_events_s0"}.Sanitize()
+	if _, err := pool.Exec(t.Context(), `ALTER TABLE `+slice+` SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool, schema, slice
+}
+
+// fillSlice inserts 100 000 claims into slice: more than three times
+// what ANALYZE samples.
+func fillSlice(t *testing.T, pool *pgxpool.Pool, slice string) {
+	t.Helper()
+	if _, err := pool.Exec(t.Context(), `INSERT INTO `+slice+` (event_id, handler, bus, slice)
+SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(ARRAY['a', 'b', 'c', 'd']) h`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ensureAnalyzed calls s.Ensure until slice 0 is done, then checks that
+// it has statistics of event_id.
+func ensureAnalyzed(t *testing.T, pool *pgxpool.Pool, s *dedup.Statistics, schema string) {
+	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); !s.Done(0); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("a slice of 100 000 claims was not analyzed in 20 s")
 		}
-		if err := s.Ensure(ctx, pool, 0); err != nil {
+		if err := s.Ensure(t.Context(), pool, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -81,17 +103,9 @@ SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(A
 // try and no error, however long it lasts; once the lock is gone, Ensure
 // analyzes it.
 func TestStatisticsWaitsForAnotherAnalyze(t *testing.T) {
-	pool := sinktest.Pool(t)
-	schema := sinktest.Schema(t, pool)
+	pool, schema, slice := quietSlice(t)
 	ctx := t.Context()
-	slice := pgx.Identifier{schema, "processed_events_s0"}.Sanitize()
-	if _, err := pool.Exec(ctx, `ALTER TABLE `+slice+` SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+slice+` (event_id, handler, bus, slice)
-SELECT gen_random_uuid(), h, 'kafka', 0 FROM generate_series(1, 25000), unnest(ARRAY['a', 'b', 'c', 'd']) h`); err != nil {
-		t.Fatal(err)
-	}
+	fillSlice(t, pool, slice)
 	// The server's row count, which Ensure reads, comes a moment late.
 	for deadline := time.Now().Add(20 * time.Second); sinktest.Count(t, pool, `SELECT count(*) FROM pg_stat_user_tables
 WHERE schemaname = $1 AND relname = 'processed_events_s0' AND n_live_tup >= 90000`, schema) == 0; time.Sleep(100 * time.Millisecond) {
@@ -120,15 +134,5 @@ WHERE schemaname = $1 AND relname = 'processed_events_s0' AND n_live_tup >= 9000
 	if err := hold.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); !s.Done(0); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the slice was not analyzed in 20 s once free")
-		}
-		if err := s.Ensure(ctx, pool, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if sinktest.Count(t, pool, `SELECT count(*) FROM pg_stats WHERE schemaname = $1 AND tablename = 'processed_events_s0' AND attname = 'event_id'`, schema) != 1 {
-		t.Error("done, and the slice has no statistics of event_id")
-	}
+	ensureAnalyzed(t, pool, s, schema)
 }
