@@ -301,17 +301,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := b.iso.probe(ctx, b.recs.events); err != nil {
 		return nil, err
 	}
-	batch := cfg.Consumer.BatchMaxRecords
-	if batch == 0 {
-		batch = 1000 // processor.DefaultBatchMaxRecords
-	}
 	kafka := "embedded kfake"
 	if len(cfg.Brokers) > 0 {
 		kafka = fmt.Sprint(cfg.Brokers)
 	}
 	res.Settings = Settings{Topic: b.kafka.topic, Payloads: cfg.Payloads.String(), Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
 		Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
-		BatchMax: batch, PoolSize: cfg.PoolSize, Kafka: kafka, InstanceID: cfg.InstanceID, Checkpoint: cfg.Checkpoint, Build: build()}
+		BatchMax: b.batch(), PoolSize: cfg.PoolSize, Kafka: kafka, InstanceID: cfg.InstanceID, Checkpoint: cfg.Checkpoint, Build: build()}
 	if slices.Contains(cfg.Scenarios, Storm) {
 		res.Settings.StormChanges, res.Settings.StormEvery = cfg.StormChanges, cfg.StormEvery.Seconds()
 	}

@@ -329,8 +329,9 @@ type guardQuiet struct{ slog.Handler }
 func (h guardQuiet) Handle(ctx context.Context, r slog.Record) error {
 	hit := false
 	r.Attrs(func(a slog.Attr) bool {
-		if err, ok := a.Value.Any().(error); ok && a.Value.Kind() == slog.KindAny {
-			hit = errors.As(err, new(*WroteError))
+		if a.Value.Kind() == slog.KindAny {
+			err, ok := a.Value.Any().(error)
+			hit = ok && errors.As(err, new(*WroteError))
 		}
 		return !hit
 	})
