@@ -648,20 +648,29 @@ func (b *benchRun) fromCheckpoint(ctx context.Context, r *RunResult) (int64, err
 		fmt.Fprintf(b.cfg.Progress, "  the server's checkpoints cannot be counted (%v): runs give none\n", err)
 		return -1, nil
 	}
+	ok, err := b.checkpoint(ctx)
+	if err != nil || !ok {
+		return before, err
+	}
+	r.FromCheckpoint = true
+	return checkpointCounted(ctx, b.cfg.Pool, before)
+}
+
+// checkpoint runs CHECKPOINT when Config.Checkpoint asks and the role
+// may (said once when it may not), and reports whether it ran.
+func (b *benchRun) checkpoint(ctx context.Context) (bool, error) {
 	if !b.cfg.Checkpoint || b.noCheckpoint {
-		return before, nil
+		return false, nil
 	}
 	ok, err := checkpoint(ctx, b.cfg.Pool)
 	if err != nil {
-		return 0, err
+		return false, err
 	}
 	if !ok {
 		b.noCheckpoint = true
 		fmt.Fprintf(b.cfg.Progress, "  CHECKPOINT refused: the role needs pg_checkpoint (or superuser); runs start wherever the server's checkpoint cycle is (\"not from one\")\n")
-		return before, nil
 	}
-	r.FromCheckpoint = true
-	return checkpointCounted(ctx, b.cfg.Pool, before)
+	return ok, nil
 }
 
 // schemaWord is a run's name as a schema name's part.

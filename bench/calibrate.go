@@ -107,7 +107,8 @@ func writersHow(st Settings) string {
 }
 
 // trial times the baseline name on w writers over the stream's first n
-// events, in a schema of its own.
+// events, in a schema of its own, after a CHECKPOINT under
+// Config.Checkpoint, as each round.
 func (b *benchRun) trial(ctx context.Context, name string, w, n int) (float64, error) {
 	schema := fmt.Sprintf("%s_%s_calib_%s_w%d", b.cfg.Schema, b.id, schemaWord(name), w)
 	pool, err := b.iso.Create(ctx, schema, b.cfg.PoolSize)
@@ -119,6 +120,9 @@ func (b *benchRun) trial(ctx context.Context, name string, w, n int) (float64, e
 	if err == nil {
 		b.line.set("  %s on %s: %s", name, count(w, "writer"), count(n, "event"))
 		hs = guardHandlers(hs, b.iso.guard(schema), nil)
+		if _, err := b.checkpoint(ctx); err != nil { // each candidate from one, as the rounds
+			return 0, errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
+		}
 		start := time.Now()
 		if err = baseline(ctx, pool, schema, hs, b.recs.events[:n], b.batch(), w, name == RawCopy, b.cfg.Writer.Parse); err == nil {
 			return float64(n) / time.Since(start).Seconds(), b.iso.Drop(context.WithoutCancel(ctx), schema)

@@ -44,6 +44,7 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 			},
 			Topic: "payments", Payloads: FromTemplate(tm), Events: MinCalibrationEvents, Partitions: 4, Members: 1,
 			Scenarios: []string{Steady}, PoolSize: 4, BaselineWriters: writers, Schema: us + "_c", Progress: &progress,
+			Checkpoint: true,
 		})
 		if err != nil {
 			t.Fatalf("Run: %v\n%s", err, progress.String())
@@ -51,8 +52,18 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 		return res, progress.String()
 	}
 
+	before, err := checkpoints(ctx, up)
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, progress := run(0)
 	st := res.Settings
+	// Each candidate starts after a CHECKPOINT, as each round does.
+	if after, err := checkpoints(ctx, up); err != nil {
+		t.Fatal(err)
+	} else if want := int64(len(st.Calibration) + len(res.Runs)); after-before < want {
+		t.Errorf("%d checkpoints begun during the run, want at least %d: one before each of %d candidates and %d runs", after-before, want, len(st.Calibration), len(res.Runs))
+	}
 	for _, name := range []string{EffectsOnly, RawCopy} {
 		var tried []int
 		best, rate := 0, 0.0
