@@ -91,7 +91,7 @@ up-postgres:
 	@infra/postgres.sh start >/dev/null
 up-kafka:
 	@infra/kafka.sh start >/dev/null
-up-kafka-secure: ## start the SASL_SSL Kafka (generated CA, SCRAM users) on 127.0.0.1:39092
+up-kafka-secure: ## start the SASL_SSL Kafka (generated CA, SCRAM users) on 127.0.0.1:19094
 	@infra/kafka-secure.sh start >/dev/null
 up-postgres-tls: ## start the Postgres cluster that takes only TLS (15 tls, port 5452)
 	@infra/postgres-tls.sh start >/dev/null

@@ -19,16 +19,18 @@
 # client.key (a certificate the broker accepts), username, password (the
 # same for the three mechanisms; a file, as kafka.sasl.password_file reads).
 #
-# Environment: KAFKA_SECURE_PORT (39092, SASL_SSL), KAFKA_SECURE_CONTROLLER_PORT
-# (39093), KAFKA_SECURE_INTERNAL_PORT (39094, the broker's own plaintext
+# Environment: KAFKA_SECURE_PORT (19094, SASL_SSL), KAFKA_SECURE_CONTROLLER_PORT
+# (19095), KAFKA_SECURE_INTERNAL_PORT (19096, the broker's own plaintext
 # inter-broker listener, not advertised to clients), KAFKA_SECURE_DIR
-# (${TMPDIR:-/tmp}/onceflow-kafka-secure), KAFKA_SECURE_HEAP (384m).
+# (${TMPDIR:-/tmp}/onceflow-kafka-secure), KAFKA_SECURE_HEAP (384m). The ports are
+# below Linux's ephemeral range (32768-60999): a client connection's local
+# port can never hold one of them when the broker starts.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-port=${KAFKA_SECURE_PORT:-39092}
-cport=${KAFKA_SECURE_CONTROLLER_PORT:-39093}
-iport=${KAFKA_SECURE_INTERNAL_PORT:-39094}
+port=${KAFKA_SECURE_PORT:-19094}
+cport=${KAFKA_SECURE_CONTROLLER_PORT:-19095}
+iport=${KAFKA_SECURE_INTERNAL_PORT:-19096}
 dir=${KAFKA_SECURE_DIR:-${TMPDIR:-/tmp}/onceflow-kafka-secure}
 heap=${KAFKA_SECURE_HEAP:-384m}
 lib=$here/kafka/lib
@@ -87,7 +89,6 @@ certificates() {
       -storepass "$store_pw" >/dev/null 2>&1
   )
   cp "$tlsdir/ca.crt" "$tlsdir/client.crt" "$tlsdir/client.key" "$client/"
-  echo "127.0.0.1:$port" >"$client/brokers"
   touch "$client/.complete"
 }
 
@@ -100,6 +101,7 @@ start() {
   command -v java >/dev/null || { echo "infra/kafka-secure.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
   kafka_resolve
   certificates
+  echo "127.0.0.1:$port" >"$client/brokers" # each start: KAFKA_SECURE_PORT may have changed
   mkdir -p "$dir/data" "$dir/logs"
   local pw store_pw
   pw=$(cat "$client/password")
