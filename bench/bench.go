@@ -157,11 +157,15 @@ type Settings struct {
 	Events     int      `json:"events"`
 	Records    int      `json:"records"`
 	Duplicates float64  `json:"duplicates"`
-	Partitions int      `json:"partitions"`
-	Members    int      `json:"members"`
-	Rounds     int      `json:"rounds"`
-	BatchMax   int      `json:"batch_max_records"`
-	PoolSize   int      `json:"pool_size"`
+	// OtherPartition is the share of the redeliveries on another
+	// partition than their event's first delivery (nil in results of
+	// builds before it was said).
+	OtherPartition *float64 `json:"other_partition,omitempty"`
+	Partitions     int      `json:"partitions"`
+	Members        int      `json:"members"`
+	Rounds         int      `json:"rounds"`
+	BatchMax       int      `json:"batch_max_records"`
+	PoolSize       int      `json:"pool_size"`
 	// BaselineWriters are the writers of each baseline (by its name);
 	// Calibration, when they were measured, each candidate's rate.
 	BaselineWriters map[string]int `json:"baseline_writers,omitempty"`
@@ -280,7 +284,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if b.iso, err = Isolate(ctx, cfg.Pool, hs, cfg.Migrate); err != nil {
 		return nil, err
 	}
-	s, err := Generate(cfg.Payloads, GenerateConfig{Events: cfg.Events, Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Seed: cfg.Seed})
+	s, err := Generate(cfg.Payloads, GenerateConfig{Events: cfg.Events, Duplicates: cfg.Duplicates, Partitions: cfg.Partitions,
+		OtherPartition: cfg.OtherPartition, Seed: cfg.Seed})
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +311,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		kafka = fmt.Sprint(cfg.Brokers)
 	}
 	res.Settings = Settings{Topic: b.kafka.topic, Payloads: cfg.Payloads.String(), Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
-		Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
+		Duplicates: cfg.Duplicates, OtherPartition: new(otherPartition(cfg.OtherPartition)), Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
 		BatchMax: b.batch(), PoolSize: cfg.PoolSize, Kafka: kafka, InstanceID: cfg.InstanceID, Checkpoint: cfg.Checkpoint, Build: build()}
 	if slices.Contains(cfg.Scenarios, Storm) {
 		res.Settings.StormChanges, res.Settings.StormEvery = cfg.StormChanges, cfg.StormEvery.Seconds()

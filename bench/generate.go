@@ -128,6 +128,21 @@ type Stream struct {
 	Records []Record
 }
 
+// DefaultOtherPartition is the share of redeliveries a stream sends to
+// another partition than their event's first delivery, unless told.
+// Those are the costly ones: a batch of the other partition may claim the
+// event while the first delivery's transaction has not committed, and then
+// waits for it (benchmarks/PROFILE.md).
+const DefaultOtherPartition = 1.0 / 3
+
+// otherPartition is share, or DefaultOtherPartition when nil.
+func otherPartition(share *float64) float64 {
+	if share == nil {
+		return DefaultOtherPartition
+	}
+	return *share
+}
+
 // Redeliveries counts the records that are redeliveries.
 func (s *Stream) Redeliveries() int { return len(s.Records) - len(s.Events) }
 
@@ -138,8 +153,9 @@ type GenerateConfig struct {
 	Partitions int     // partitions of the topic, at least 1
 	// OtherPartition is the share of redeliveries sent to another
 	// partition than the first delivery (a producer that changed its
-	// partitioner, a re-keyed retry); default 1/3 when Partitions > 1.
-	OtherPartition float64
+	// partitioner, a re-keyed retry), 0 to 1; nil: DefaultOtherPartition.
+	// With one partition there is no other.
+	OtherPartition *float64
 	Seed           uint64    // the same Seed, payloads and Now give the same stream
 	Now            time.Time // the last event's timestamp; default time.Now()
 }
@@ -164,11 +180,12 @@ func Generate(p *Payloads, cfg GenerateConfig) (*Stream, error) {
 	if n := float64(cfg.Events) * (1 + cfg.Duplicates); n > MaxRecords {
 		ps = append(ps, fmt.Errorf("events %d with duplicates %g: %.0f records, at most %d (MaxRecords)", cfg.Events, cfg.Duplicates, n, MaxRecords))
 	}
+	other := otherPartition(cfg.OtherPartition)
+	if !(other >= 0 && other <= 1) {
+		ps = append(ps, fmt.Errorf("other partition %g: a share from 0 to 1", other))
+	}
 	if err := errors.Join(ps...); err != nil {
 		return nil, err
-	}
-	if cfg.OtherPartition == 0 && cfg.Partitions > 1 {
-		cfg.OtherPartition = 1.0 / 3
 	}
 	if cfg.Now.IsZero() {
 		cfg.Now = time.Now()
@@ -206,7 +223,7 @@ func Generate(p *Payloads, cfg GenerateConfig) (*Stream, error) {
 	for k := range dups {
 		e := rng.IntN(cfg.Events)
 		part := s.Events[e].Partition
-		if cfg.Partitions > 1 && rng.Float64() < cfg.OtherPartition {
+		if cfg.Partitions > 1 && rng.Float64() < other {
 			part = (part + 1 + int32(rng.IntN(cfg.Partitions-1))) % int32(cfg.Partitions)
 		}
 		dups[k] = dup{after: min(e+1+rng.IntN(4096), cfg.Events), rec: Record{Event: e, Partition: part, Redelivery: true}}

@@ -122,9 +122,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 	st := res.Settings
 	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
-	fmt.Fprintf(&md, "Payloads: %s. %s, %s (%.0f %% redeliveries, some on another partition), %s, %s, "+
+	fmt.Fprintf(&md, "Payloads: %s. %s, %s (%.0f %% redeliveries, %s), %s, %s, "+
 		"batches of at most %d, %s, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
-		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), 100*st.Duplicates, count(st.Partitions, "partition"),
+		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), 100*st.Duplicates, elsewhere(st), count(st.Partitions, "partition"),
 		count(st.Members, "member"), st.BatchMax, count(st.PoolSize, "Postgres connection"), st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	if len(st.BaselineWriters) > 0 {
@@ -429,6 +429,7 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("payloads", a.Payloads, b.Payloads)
 	add("events", a.Events, b.Events)
 	add("duplicates", a.Duplicates, b.Duplicates)
+	add("other_partition", sharePlaced(a.OtherPartition), sharePlaced(b.OtherPartition))
 	add("partitions", a.Partitions, b.Partitions)
 	add("members", a.Members, b.Members)
 	add("rounds", a.Rounds, b.Rounds)
@@ -493,6 +494,26 @@ func scenarios(keys map[string]runKey, r *Results) []string {
 		}
 	}
 	return out
+}
+
+// elsewhere says where st's redeliveries went.
+func elsewhere(st Settings) string {
+	switch {
+	case st.OtherPartition == nil:
+		return "some on another partition"
+	case *st.OtherPartition == 0 || st.Partitions < 2:
+		return "each on its event's partition"
+	}
+	return fmt.Sprintf("%.0f %% of them on another partition than the first delivery", 100**st.OtherPartition)
+}
+
+// sharePlaced is a share as --compare shows it: "–" when the results do
+// not say it.
+func sharePlaced(p *float64) string {
+	if p == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", *p)
 }
 
 // baselineWriters says st's baselines' writers as the flag takes them

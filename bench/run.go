@@ -80,10 +80,14 @@ type Config struct {
 	Payloads   *Payloads // required
 	Events     int       // unique events per run; default 100000
 	Duplicates float64   // redeliveries per event, 0 to 1
-	Partitions int       // default 12
-	Members    int       // group members at once; default 3
-	Scenarios  []string  // of Steady, Storm, Replay; default all three
-	Rounds     int       // each run this many times, the median reported (of an even number, the lower middle); default 1
+	// OtherPartition is the share of the redeliveries on another
+	// partition than their event's first delivery, 0 to 1; nil:
+	// DefaultOtherPartition.
+	OtherPartition *float64
+	Partitions     int      // default 12
+	Members        int      // group members at once; default 3
+	Scenarios      []string // of Steady, Storm, Replay; default all three
+	Rounds         int      // each run this many times, the median reported (of an even number, the lower middle); default 1
 	// StormChanges is how many membership changes a storm makes: a
 	// member joins, the oldest leaves, and every third change kills the
 	// oldest (as a SIGKILL would: it never leaves the group, and its
@@ -256,6 +260,9 @@ func (c Config) Validate() error {
 	}
 	if c.Events < 1 {
 		bad("Events", c.Events, "at least 1")
+	}
+	if o := otherPartition(c.OtherPartition); !(o >= 0 && o <= 1) { // NaN too
+		bad("OtherPartition", o, "a share from 0 to 1")
 	}
 	if !(c.Duplicates >= 0 && c.Duplicates <= 1) { // NaN too
 		bad("Duplicates", c.Duplicates, "a share from 0 to 1")

@@ -186,7 +186,25 @@ func TestSampleAndGenerate(t *testing.T) {
 	if string(s.Events[0].Value) != `{"a":1}` || string(s.Events[1].Value) != `{"a":2}` || string(s.Events[2].Value) != `{"a":1}` {
 		t.Fatalf("sample lines not cycled: %s %s %s", s.Events[0].Value, s.Events[1].Value, s.Events[2].Value)
 	}
-	for _, bad := range []GenerateConfig{{Events: 0, Partitions: 1}, {Events: 1, Duplicates: 1.5, Partitions: 1}, {Events: 1}} {
+	// OtherPartition places that share of the redeliveries elsewhere.
+	for _, share := range []float64{0, 1} {
+		s, err := Generate(p, GenerateConfig{Events: 1000, Duplicates: 0.3, Partitions: 4, Seed: 7, OtherPartition: &share})
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := 0
+		for _, r := range s.Records {
+			if r.Redelivery && r.Partition != s.Events[r.Event].Partition {
+				other++
+			}
+		}
+		if want := int(share * 300); other != want {
+			t.Errorf("OtherPartition %g: %d of 300 redeliveries on another partition, want %d", share, other, want)
+		}
+	}
+	over := 1.5
+	for _, bad := range []GenerateConfig{{Events: 0, Partitions: 1}, {Events: 1, Duplicates: 1.5, Partitions: 1}, {Events: 1},
+		{Events: 1, Partitions: 1, OtherPartition: &over}} {
 		if _, err := Generate(p, bad); err == nil {
 			t.Fatalf("Generate(%+v): no error", bad)
 		}

@@ -29,6 +29,7 @@ type benchOptions struct {
 	sample, template string
 	events           int
 	duplicates       float64
+	otherPartition   float64 // with the flag set only
 	partitions       int
 	members          int
 	scenarios        []string
@@ -91,7 +92,9 @@ Payloads come from --sample (JSON lines, used in turn) or --template (a JSON
 document whose strings may hold {{uuid}}, {{event_id}}, {{seq}},
 {{int MIN MAX}}, {{decimal MIN MAX SCALE}}, {{choice 'A' 'B'}}, {{now}},
 {{timestamp FROM TO}}, {{string FUNC ARGS}}). --duplicates of the events are
-delivered again (same id and payload), a third of those on another partition.
+delivered again (same id and payload), a third of those on another partition
+(--other-partition sets the share): a batch of that partition may claim the
+event before the first delivery's transaction commits, and waits for it.
 
 Your tables are never written: each run has a schema of its own
 (<--bench-schema>_<random>_<run>_r<round>, e.g.
@@ -146,6 +149,7 @@ without --sample or --template, it only drops).`,
 		"since the stream is held in memory for the whole run (about %d bytes a record besides its payload, and the embedded kfake holds the topic too)",
 		bench.MaxRecords, bench.RecordBytes))
 	f.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries per event, 0 to 1")
+	f.Float64Var(&o.otherPartition, "other-partition", 0, "the share of the redeliveries sent to another partition than their event's first delivery, 0 to 1 (default 1/3)")
 	f.IntVar(&o.partitions, "partitions", 12, fmt.Sprintf("partitions of the benchmark's topic, at most %d", bench.MaxPartitions))
 	f.IntVar(&o.members, "members", 3, "group members at once")
 	f.StringSliceVar(&o.scenarios, "scenarios", []string{bench.Steady, bench.Storm, bench.Replay}, "scenarios: steady, storm, replay")
@@ -261,7 +265,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	// The flags' values as bench.Config checks them, before anything is
 	// loaded or run; what only the config gives (the pool, the handlers,
 	// the payloads, the topic) is checked once loaded.
-	early := bench.Config{Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
+	early := bench.Config{Events: o.events, Duplicates: o.duplicates, OtherPartition: o.other(cmd), Partitions: o.partitions, Members: o.members,
 		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges,
 		GroupProtocols: protocols, InstanceID: o.instanceID, CPUProfileOf: o.cpuprofileOf, Schema: o.schema, NoRawCopy: o.noRawCopy,
 		PoolSize: max(o.pool, 1)}
@@ -363,7 +367,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		Pool: pool, Handlers: handlers, Migrate: registry.migrator(a.cfg.Handlers),
 		Consumer: cc, Writer: a.writerTuning(), LRUSize: lru, PoolSize: size, BaselineWriters: o.baselineWriters,
 		Brokers: brokers, Topic: topic, Payloads: payloads,
-		Events: o.events, Duplicates: o.duplicates, Partitions: o.partitions, Members: o.members,
+		Events: o.events, Duplicates: o.duplicates, OtherPartition: o.other(cmd), Partitions: o.partitions, Members: o.members,
 		Scenarios: scenarios, Rounds: o.rounds, StormEvery: o.stormEvery, StormChanges: o.stormChanges, Seed: o.seed,
 		GroupProtocols: protocols, InstanceID: o.instanceID, Checkpoint: o.checkpoint, CPUProfileOf: o.cpuprofileOf,
 		Schema: o.schema, Keep: o.keep, NoRawCopy: o.noRawCopy, DropLeftovers: o.dropLeftovers,
@@ -450,10 +454,18 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	return runErr
 }
 
+// other is --other-partition when it is given, else nil (bench's default).
+func (o *benchOptions) other(cmd *cobra.Command) *float64 {
+	if !cmd.Flags().Changed("other-partition") {
+		return nil
+	}
+	return &o.otherPartition
+}
+
 // benchFlags are bench.Config's fields by the flag or the config key
 // that sets them.
 var benchFlags = map[string]string{
-	"Events": "--events", "Duplicates": "--duplicates", "Partitions": "--partitions", "Members": "--members",
+	"Events": "--events", "Duplicates": "--duplicates", "OtherPartition": "--other-partition", "Partitions": "--partitions", "Members": "--members",
 	"Scenarios": "--scenarios", "Rounds": "--rounds", "StormChanges": "--storm-changes", "StormEvery": "--storm-every",
 	"GroupProtocols": "--group-protocol", "InstanceID": "--instance-id", "Formats": "--formats", "CPUProfileOf": "--cpuprofile-of",
 	"Schema": "--bench-schema", "PoolSize": "--pool", "BaselineWriters": "--baseline-writers", "Brokers": "--brokers", "NoRawCopy": "--no-raw-copy", "Topic": "--topic",

@@ -62,8 +62,8 @@ func TestBenchDemoConfigs(t *testing.T) {
 
 // The flags behind the project's figures reach the report: --checkpoint,
 // --storm-changes, --group-protocol classic,consumer (the runs side by
-// side), --cpuprofile; bad values are refused, each named, before
-// anything runs.
+// side), --cpuprofile, --other-partition; bad values are refused, each
+// named, before anything runs.
 func TestBenchFigureFlags(t *testing.T) {
 	pool := sinktest.Pool(t)
 	prefix := freshSchema(t, pool, "test_benchflags_")
@@ -71,15 +71,16 @@ func TestBenchFigureFlags(t *testing.T) {
 	sample := filepath.Join("..", "..", "benchmarks", "orders.jsonl")
 	var stderr bytes.Buffer
 	_, err := runCLI(t, &stderr, "bench", "--config", demo, "--sample", sample, "--dsn", sinktest.DSN(t),
-		"--group-protocol", "classic,eager", "--storm-changes", "0", "--bench-schema", prefix, "--out", t.TempDir())
-	if err == nil || !strings.Contains(err.Error(), `--group-protocol "eager"`) || !strings.Contains(err.Error(), "--storm-changes 0") {
-		t.Fatalf("bad flags: %v, want both named", err)
+		"--group-protocol", "classic,eager", "--storm-changes", "0", "--other-partition", "-0.5", "--bench-schema", prefix, "--out", t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), `--group-protocol "eager"`) || !strings.Contains(err.Error(), "--storm-changes 0") ||
+		!strings.Contains(err.Error(), "--other-partition -0.5: a share from 0 to 1") {
+		t.Fatalf("bad flags: %v, want the three named", err)
 	}
 	out, prof := filepath.Join(t.TempDir(), "out"), filepath.Join(t.TempDir(), "cpu.prof")
 	_, err = runCLI(t, &stderr, "bench", "--config", demo, "--sample", sample, "--dsn", sinktest.DSN(t),
 		"--events", "3000", "--partitions", "4", "--members", "2", "--scenarios", "steady,storm", "--no-raw-copy",
 		"--storm-changes", "2", "--storm-every", "100ms", "--group-protocol", "classic,consumer", "--checkpoint",
-		"--cpuprofile", prof, "--bench-schema", prefix, "--out", out)
+		"--cpuprofile", prof, "--other-partition", "0", "--bench-schema", prefix, "--out", out)
 	if err != nil {
 		t.Fatalf("bench: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -112,6 +113,9 @@ func TestBenchFigureFlags(t *testing.T) {
 	md, _ := os.ReadFile(filepath.Join(out, "results.md"))
 	if !strings.Contains(string(md), "### Group protocols side by side") {
 		t.Errorf("results.md lacks the protocols' table:\n%s", md)
+	}
+	if op := res.Settings.OtherPartition; op == nil || *op != 0 || !strings.Contains(string(md), "30 % redeliveries, each on its event's partition") {
+		t.Errorf("--other-partition 0: results.json other_partition %v; results.md:\n%s", op, md)
 	}
 }
 
