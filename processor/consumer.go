@@ -435,10 +435,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return *err        // logged when it happened
 	}
 	if c.aborting.Load() {
+		// Info: the caller asked for it (a fatal error is logged at
+		// Error where it happened).
 		if c.killed.Load() {
-			c.log.Warn("consumer killed: in-flight batches rolled back, no Kafka offset committed, the group not left", "group", c.cfg.Group)
+			c.log.Info("consumer killed: in-flight batches rolled back, no Kafka offset committed, the group not left", "group", c.cfg.Group)
 		} else {
-			c.log.Warn("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
+			c.log.Info("consumer aborted: in-flight batches rolled back, no Kafka offset committed", "group", c.cfg.Group)
 		}
 	} else {
 		c.log.Info("consumer stopped", "group", c.cfg.Group)

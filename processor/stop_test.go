@@ -1,6 +1,8 @@
 package processor_test
 
 import (
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -56,6 +58,41 @@ func TestStopStartsNoBatch(t *testing.T) {
 		}
 		if n := e.processed(); n >= int64(len(stream.Unique)) {
 			t.Errorf("all %d events processed: the stop came too late to tell", n)
+		}
+	})
+}
+
+// A Kill or an Abort is what its caller asked for (a benchmark's storm, a
+// crash simulated): it says so at Info, with what it left undone, and
+// leaves Warn to what went wrong.
+func TestKillAndAbortLogAtInfo(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(300, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		for _, stop := range []struct {
+			name, says string
+			do         func(*processor.Consumer)
+		}{
+			{"kill", "consumer killed", (*processor.Consumer).Kill},
+			{"abort", "consumer aborted", (*processor.Consumer).Abort},
+		} {
+			logs := &logRecorder{}
+			cfg := e.config(stop.name)
+			cfg.Logger = slog.New(logs)
+			m := e.start(cfg, e.writer(0))
+			e.waitProcessed(1, 30*time.Second)
+			stop.do(m.c)
+			m.stop(t) // waits for Run to return
+			if n := logs.count(slog.LevelWarn, stop.says); n != 0 {
+				t.Errorf("%s: %q logged %d times at WARN, want INFO", stop.name, stop.says, n)
+			}
+			if r, ok := logs.find(slog.LevelInfo, stop.says); !ok || !strings.Contains(r["msg"], "no Kafka offset committed") {
+				t.Errorf("%s: %q at INFO, saying what it left undone: %v %v", stop.name, stop.says, r, ok)
+			}
 		}
 	})
 }
