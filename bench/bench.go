@@ -311,11 +311,13 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		kafka = fmt.Sprint(cfg.Brokers)
 	}
 	res.Settings = Settings{Topic: b.kafka.topic, Payloads: cfg.Payloads.String(), Handlers: b.names, Events: len(s.Events), Records: len(s.Records),
-		Duplicates: cfg.Duplicates, OtherPartition: new(otherPartition(cfg.OtherPartition)), Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
+		Duplicates: cfg.Duplicates, Partitions: cfg.Partitions, Members: cfg.Members, Rounds: cfg.Rounds,
 		BatchMax: b.batch(), PoolSize: cfg.PoolSize, Kafka: kafka, InstanceID: cfg.InstanceID, Checkpoint: cfg.Checkpoint, Build: build()}
 	if slices.Contains(cfg.Scenarios, Storm) {
 		res.Settings.StormChanges, res.Settings.StormEvery = cfg.StormChanges, cfg.StormEvery.Seconds()
 	}
+	res.Settings.OtherPartition = cfg.OtherPartition
+	res.Settings.OtherPartition = new(placedElsewhere(res.Settings)) // the share that applied
 	for _, p := range cfg.GroupProtocols {
 		res.Settings.GroupProtocols = append(res.Settings.GroupProtocols, string(p))
 	}
@@ -326,8 +328,12 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if b.kafka.topic != cfg.Topic {
 		seen = ", which the handlers see as " + cfg.Topic
 	}
+	with := count(s.Redeliveries(), "redelivery", "redeliveries")
+	if s.Redeliveries() > 0 {
+		with += ", " + where(res.Settings)
+	}
 	fmt.Fprintf(cfg.Progress, "onceflow bench: %s, %s with %s, on %s of %s (%s%s); handlers %v\n",
-		count(len(s.Events), "unique event"), count(len(s.Records), "record"), count(s.Redeliveries(), "redelivery", "redeliveries"),
+		count(len(s.Events), "unique event"), count(len(s.Records), "record"), with,
 		count(cfg.Partitions, "partition"), b.kafka.topic, kafka, seen, b.names)
 	if len(res.Settings.Tables) > 0 {
 		fmt.Fprintf(cfg.Progress, "  your tables %v are cloned empty into schemas %s_*; they are not written\n", res.Settings.Tables, cfg.Schema)

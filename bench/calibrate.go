@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -28,6 +29,9 @@ type Calibration struct {
 	Writers      int     `json:"writers"`
 	Events       int     `json:"events"`
 	EventsPerSec float64 `json:"events_per_sec"`
+	// FromCheckpoint: the candidate began right after a CHECKPOINT
+	// (Config.Checkpoint, and the role may).
+	FromCheckpoint bool `json:"from_checkpoint"`
 }
 
 // writerCounts are the counts of baseline writers Run tries with pool
@@ -75,14 +79,14 @@ func (b *benchRun) calibrate(ctx context.Context, res *Results) error {
 		}
 		best := 0.0
 		for _, w := range counts {
-			rate, err := b.trial(ctx, name, w, n)
+			rate, fromCP, err := b.trial(ctx, name, w, n)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if err != nil {
 				continue
 			}
-			res.Settings.Calibration = append(res.Settings.Calibration, Calibration{Baseline: name, Writers: w, Events: n, EventsPerSec: rate})
+			res.Settings.Calibration = append(res.Settings.Calibration, Calibration{Baseline: name, Writers: w, Events: n, EventsPerSec: rate, FromCheckpoint: fromCP})
 			if rate > best {
 				best, b.writers[name] = rate, w
 			}
@@ -97,7 +101,11 @@ func (b *benchRun) calibrate(ctx context.Context, res *Results) error {
 func writersHow(st Settings) string {
 	switch {
 	case len(st.Calibration) > 0:
-		return fmt.Sprintf("the fastest over the first %s", count(st.Calibration[0].Events, "event"))
+		s := fmt.Sprintf("the fastest over the first %s", count(st.Calibration[0].Events, "event"))
+		if !slices.ContainsFunc(st.Calibration, func(c Calibration) bool { return !c.FromCheckpoint }) {
+			s += ", each after a CHECKPOINT"
+		}
+		return s
 	case st.BaselineWritersBy == "set":
 		return "as set"
 	case st.BaselineWritersBy != "":
@@ -108,27 +116,29 @@ func writersHow(st Settings) string {
 
 // trial times the baseline name on w writers over the stream's first n
 // events, in a schema of its own, after a CHECKPOINT under
-// Config.Checkpoint, as each round.
-func (b *benchRun) trial(ctx context.Context, name string, w, n int) (float64, error) {
+// Config.Checkpoint, as each round; it reports whether one ran.
+func (b *benchRun) trial(ctx context.Context, name string, w, n int) (rate float64, fromCheckpoint bool, err error) {
 	schema := fmt.Sprintf("%s_%s_calib_%s_w%d", b.cfg.Schema, b.id, schemaWord(name), w)
 	pool, err := b.iso.Create(ctx, schema, b.cfg.PoolSize)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer pool.Close() // the schemas are dropped below, --keep or not: none is the run's
+	drop := func() error { return b.iso.Drop(context.WithoutCancel(ctx), schema) }
 	hs, err := b.cfg.Handlers(schema)
-	if err == nil {
-		b.line.set("  %s on %s: %s", name, count(w, "writer"), count(n, "event"))
-		hs = guardHandlers(hs, b.iso.guard(schema), nil)
-		if _, err := b.checkpoint(ctx); err != nil { // each candidate from one, as the rounds
-			return 0, errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
-		}
-		start := time.Now()
-		if err = baseline(ctx, pool, schema, hs, b.recs.events[:n], b.batch(), w, name == RawCopy, b.cfg.Writer.Parse); err == nil {
-			return float64(n) / time.Since(start).Seconds(), b.iso.Drop(context.WithoutCancel(ctx), schema)
-		}
+	if err != nil {
+		return 0, false, errors.Join(err, drop())
 	}
-	return 0, errors.Join(err, b.iso.Drop(context.WithoutCancel(ctx), schema))
+	b.line.set("  %s on %s: %s", name, count(w, "writer"), count(n, "event"))
+	hs = guardHandlers(hs, b.iso.guard(schema), nil)
+	if fromCheckpoint, err = b.checkpoint(ctx); err != nil { // each candidate from one, as the rounds
+		return 0, false, errors.Join(err, drop())
+	}
+	start := time.Now()
+	if err := baseline(ctx, pool, schema, hs, b.recs.events[:n], b.batch(), w, name == RawCopy, b.cfg.Writer.Parse); err != nil {
+		return 0, false, errors.Join(err, drop())
+	}
+	return float64(n) / time.Since(start).Seconds(), fromCheckpoint, drop()
 }
 
 // baselineWriters is how many writers the baseline name writes with.

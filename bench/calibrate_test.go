@@ -58,7 +58,11 @@ ON CONFLICT (shard) DO UPDATE SET n = c.n + EXCLUDED.n`
 	}
 	res, progress := run(0)
 	st := res.Settings
-	// Each candidate starts after a CHECKPOINT, as each round does.
+	// Each candidate starts after a CHECKPOINT, as each round does, and
+	// the results say so.
+	if !strings.Contains(progress, "each after a CHECKPOINT") || slices.ContainsFunc(st.Calibration, func(c Calibration) bool { return !c.FromCheckpoint }) {
+		t.Errorf("calibration %+v, progress:\n%s\nwant each candidate from a checkpoint, said", st.Calibration, progress)
+	}
 	if after, err := checkpoints(ctx, up); err != nil {
 		t.Fatal(err)
 	} else if want := int64(len(st.Calibration) + len(res.Runs)); after-before < want {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -122,9 +123,9 @@ func (res *Results) WriteFiles(dir, command string) error {
 	st := res.Settings
 	fmt.Fprintf(&md, "# onceflow bench, %s\n\n", res.Started.Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&md, "```\n%s\n```\n\n", command)
-	fmt.Fprintf(&md, "Payloads: %s. %s, %s (%.0f %% redeliveries, %s), %s, %s, "+
+	fmt.Fprintf(&md, "Payloads: %s. %s, %s (%s), %s, %s, "+
 		"batches of at most %d, %s, Kafka: %s. Handlers: %s. Tables written (cloned empty, yours untouched): %s. ",
-		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), 100*st.Duplicates, elsewhere(st), count(st.Partitions, "partition"),
+		st.Payloads, count(st.Events, "unique event"), count(st.Records, "record"), redeliveries(st), count(st.Partitions, "partition"),
 		count(st.Members, "member"), st.BatchMax, count(st.PoolSize, "Postgres connection"), st.Kafka,
 		strings.Join(st.Handlers, ", "), orNone(st.Tables))
 	if len(st.BaselineWriters) > 0 {
@@ -188,7 +189,7 @@ func (res *Results) WriteFiles(dir, command string) error {
 		"(over the 250 ms samples since the first pair applied) up to the change, so that a change after a stall is not measured against the stall. " +
 		"A change is not measured when it came before the run had a rate (before anything was applied for half a second) or when the stream ended " +
 		"before the rate came back; the median and the maximum are of the changes measured, \"–\" when none was. " +
-		"a replay's, the same of the records rate from the re-reading group's start, against the first group's last two seconds. " +
+		"A replay's, the same of the records rate from the re-reading group's start, against the first group's last two seconds. " +
 		"A wait with no owner runs from a partition's worker stopping on one member to one starting on any member (polled every 20 ms). " +
 		"Checkpoints: those the server began during the run")
 	if st.Checkpoint {
@@ -429,7 +430,7 @@ func Compare(w io.Writer, old, cur *Results) error {
 	add("payloads", a.Payloads, b.Payloads)
 	add("events", a.Events, b.Events)
 	add("duplicates", a.Duplicates, b.Duplicates)
-	add("other_partition", sharePlaced(a.OtherPartition), sharePlaced(b.OtherPartition))
+	add("other_partition", percent(placedElsewhere(a))+" %", percent(placedElsewhere(b))+" %")
 	add("partitions", a.Partitions, b.Partitions)
 	add("members", a.Members, b.Members)
 	add("rounds", a.Rounds, b.Rounds)
@@ -496,24 +497,36 @@ func scenarios(keys map[string]runKey, r *Results) []string {
 	return out
 }
 
-// elsewhere says where st's redeliveries went.
-func elsewhere(st Settings) string {
-	switch {
-	case st.OtherPartition == nil:
-		return "some on another partition"
-	case *st.OtherPartition == 0 || st.Partitions < 2:
-		return "each on its event's partition"
+// redeliveries says st's redeliveries and where they went.
+func redeliveries(st Settings) string {
+	if st.Duplicates == 0 {
+		return "no redeliveries"
 	}
-	return fmt.Sprintf("%.0f %% of them on another partition than the first delivery", 100**st.OtherPartition)
+	return fmt.Sprintf("%s %% redeliveries, %s", percent(st.Duplicates), where(st))
 }
 
-// sharePlaced is a share as --compare shows it: "–" when the results do
-// not say it.
-func sharePlaced(p *float64) string {
-	if p == nil {
-		return "–"
+// where says where st's redeliveries went.
+func where(st Settings) string {
+	if other := placedElsewhere(st); other > 0 {
+		return fmt.Sprintf("%s %% of them on another partition than the first delivery", percent(other))
 	}
-	return fmt.Sprintf("%.2f", *p)
+	return "each on its event's partition"
+}
+
+// placedElsewhere is the share of st's redeliveries that went to another
+// partition than their event's first delivery: none without redeliveries
+// or another partition; DefaultOtherPartition in results of builds that
+// did not say it (they all sent that share).
+func placedElsewhere(st Settings) float64 {
+	if st.Duplicates == 0 || st.Partitions < 2 {
+		return 0
+	}
+	return otherPartition(st.OtherPartition)
+}
+
+// percent is share in percent, to three significant digits: 33.3, 0.4, 100.
+func percent(share float64) string {
+	return strconv.FormatFloat(100*share, 'g', 3, 64)
 }
 
 // baselineWriters says st's baselines' writers as the flag takes them

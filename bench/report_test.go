@@ -212,13 +212,28 @@ func TestCompareAndPriceLine(t *testing.T) {
 		t.Errorf("Compare: %v\n%s\nwant baseline_writers effects-only 4, raw-copy 4 → effects-only 2, raw-copy 4", err, b.String())
 	}
 	cur.Settings.BaselineWriters = nil
-	// Results from before bench said where the redeliveries went say nothing.
+	// Results from before bench said where the redeliveries went sent a
+	// third of them elsewhere; a share is the one that applied.
+	old.Settings.Duplicates, old.Settings.Partitions = 0.3, 12
+	cur.Settings.Duplicates, cur.Settings.Partitions = 0.3, 12
 	cur.Settings.OtherPartition = new(0.0)
 	b.Reset()
-	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "other_partition – → 0.00") {
-		t.Errorf("Compare: %v\n%s\nwant other_partition – → 0.00", err, b.String())
+	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "other_partition 33.3 % → 0 %") {
+		t.Errorf("Compare: %v\n%s\nwant other_partition 33.3 %% → 0 %%", err, b.String())
 	}
-	cur.Settings.OtherPartition = nil
+	cur.Settings.OtherPartition = new(DefaultOtherPartition)
+	b.Reset()
+	if err := Compare(&b, old, cur); err != nil || strings.Contains(b.String(), "other_partition") {
+		t.Errorf("Compare: %v\n%s\nwant no other_partition: both sent a third", err, b.String())
+	}
+	cur.Settings.Partitions, cur.Settings.OtherPartition = 1, new(1.0)
+	old.Settings.Partitions = 1
+	b.Reset()
+	if err := Compare(&b, old, cur); err != nil || strings.Contains(b.String(), "other_partition") {
+		t.Errorf("Compare: %v\n%s\nwant no other_partition: one partition has no other", err, b.String())
+	}
+	old.Settings.Duplicates, old.Settings.Partitions = 0, 0
+	cur.Settings.Duplicates, cur.Settings.Partitions, cur.Settings.OtherPartition = 0, 0, nil
 	old.Settings.GroupProtocols, cur.Settings.GroupProtocols = []string{"classic"}, []string{"classic", "consumer"}
 	b.Reset()
 	if err := Compare(&b, old, cur); err != nil || !strings.Contains(b.String(), "group_protocols classic → classic,consumer") {

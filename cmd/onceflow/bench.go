@@ -149,7 +149,7 @@ without --sample or --template, it only drops).`,
 		"since the stream is held in memory for the whole run (about %d bytes a record besides its payload, and the embedded kfake holds the topic too)",
 		bench.MaxRecords, bench.RecordBytes))
 	f.Float64Var(&o.duplicates, "duplicates", 0.3, "redeliveries per event, 0 to 1")
-	f.Float64Var(&o.otherPartition, "other-partition", 0, "the share of the redeliveries sent to another partition than their event's first delivery, 0 to 1 (default 1/3)")
+	f.Float64Var(&o.otherPartition, "other-partition", 0, "the share of the redeliveries sent to another partition than their event's first delivery, 0 to 1 (default: a third)")
 	f.IntVar(&o.partitions, "partitions", 12, fmt.Sprintf("partitions of the benchmark's topic, at most %d", bench.MaxPartitions))
 	f.IntVar(&o.members, "members", 3, "group members at once")
 	f.StringSliceVar(&o.scenarios, "scenarios", []string{bench.Steady, bench.Storm, bench.Replay}, "scenarios: steady, storm, replay")
