@@ -551,7 +551,9 @@ func (b *benchRun) consume(ctx context.Context, g *groupRun) (int64, time.Time, 
 		el := time.Since(g.start)
 		applied := g.st.applied.Load()
 		r.Series = append(r.Series, Sample{Seconds: el.Seconds(), Committed: n, Applied: applied})
-		b.line.set("  %s: %d/%d records committed, %.0f events applied/s", g.label, n, g.want,
+		// "stops once": the batches in flight then commit too (a replay's
+		// first half ends past its half).
+		b.line.set("  %s: %d records committed (stops once %d are), %.0f events applied/s", g.label, n, g.want,
 			float64(applied)/float64(max(len(b.names), 1))/el.Seconds())
 		if n >= g.want {
 			end := time.Now()
