@@ -316,8 +316,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if slices.Contains(cfg.Scenarios, Storm) {
 		res.Settings.StormChanges, res.Settings.StormEvery = cfg.StormChanges, cfg.StormEvery.Seconds()
 	}
-	res.Settings.OtherPartition = cfg.OtherPartition
-	res.Settings.OtherPartition = new(placedElsewhere(res.Settings)) // the share that applied
+	res.Settings.OtherPartition = new(sharePlaced(cfg.Duplicates, cfg.Partitions, cfg.OtherPartition)) // the share that applied
 	for _, p := range cfg.GroupProtocols {
 		res.Settings.GroupProtocols = append(res.Settings.GroupProtocols, string(p))
 	}
@@ -478,7 +477,7 @@ func (b *benchRun) run(ctx context.Context, spec runSpec, round int) (_ *RunResu
 			return nil, err
 		}
 		batch := b.batch()
-		writers := b.baselineWriters(spec.scenario)
+		writers := b.writers[spec.scenario] // calibrate's, before the rounds
 		r.Writers = writers
 		b.line.set("  %s: %s, %d per transaction, %s", label, count(len(b.recs.events), "unique event"), batch, count(writers, "writer"))
 		r.Records = len(b.recs.events)

@@ -141,34 +141,46 @@ func (b *benchRun) trial(ctx context.Context, name string, w, n int) (rate float
 	return float64(n) / time.Since(start).Seconds(), fromCheckpoint, drop()
 }
 
-// baselineWriters is how many writers the baseline name writes with.
-func (b *benchRun) baselineWriters(name string) int {
-	if w := b.writers[name]; w > 0 {
-		return w
-	}
-	return b.cfg.PoolSize
-}
-
 // calibrationLine says each baseline's writers and, when they were
 // measured, every candidate's rate.
 func calibrationLine(st Settings) string {
 	var parts []string
-	for _, name := range []string{EffectsOnly, RawCopy} {
-		w, ok := st.BaselineWriters[name]
-		if !ok {
-			continue
-		}
+	for _, bw := range writersOf(st) {
 		var tried []string
 		for _, c := range st.Calibration {
-			if c.Baseline == name {
+			if c.Baseline == bw.name {
 				tried = append(tried, fmt.Sprintf("%d: %.0f", c.Writers, c.EventsPerSec))
 			}
 		}
-		p := fmt.Sprintf("%s %d", name, w)
+		p := bw.String()
 		if len(tried) > 0 {
 			p += " (events/s on " + strings.Join(tried, ", ") + ")"
 		}
 		parts = append(parts, p)
 	}
 	return strings.Join(parts, "; ")
+}
+
+// baselineWriter is a baseline and its writers.
+type baselineWriter struct {
+	name    string
+	writers int
+}
+
+func (bw baselineWriter) String() string { return fmt.Sprintf("%s %d", bw.name, bw.writers) }
+
+// writersOf lists st's baselines' writers, effects-only first; results
+// from before bench measured them wrote on the pool's connections.
+func writersOf(st Settings) []baselineWriter {
+	var out []baselineWriter
+	for _, name := range []string{EffectsOnly, RawCopy} {
+		w, ok := st.BaselineWriters[name]
+		if !ok && st.BaselineWriters == nil {
+			w, ok = st.PoolSize, st.PoolSize > 0
+		}
+		if ok {
+			out = append(out, baselineWriter{name, w})
+		}
+	}
+	return out
 }

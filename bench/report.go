@@ -514,14 +514,21 @@ func where(st Settings) string {
 }
 
 // placedElsewhere is the share of st's redeliveries that went to another
-// partition than their event's first delivery: none without redeliveries
-// or another partition; DefaultOtherPartition in results of builds that
-// did not say it (they all sent that share).
+// partition than their event's first delivery (sharePlaced);
+// DefaultOtherPartition in results of builds that did not say it (they
+// all sent that share).
 func placedElsewhere(st Settings) float64 {
-	if st.Duplicates == 0 || st.Partitions < 2 {
+	return sharePlaced(st.Duplicates, st.Partitions, st.OtherPartition)
+}
+
+// sharePlaced is the share of a stream's redeliveries on another
+// partition than their event's first delivery, asked share (nil:
+// DefaultOtherPartition): none without redeliveries or another partition.
+func sharePlaced(duplicates float64, partitions int, share *float64) float64 {
+	if duplicates == 0 || partitions < 2 {
 		return 0
 	}
-	return otherPartition(st.OtherPartition)
+	return otherPartition(share)
 }
 
 // percent is share in percent, to three significant digits: 33.3, 0.4, 100.
@@ -530,18 +537,11 @@ func percent(share float64) string {
 }
 
 // baselineWriters says st's baselines' writers as the flag takes them
-// (effects-only 2, raw-copy 2); results from before bench measured them
-// wrote on the pool's connections.
+// (effects-only 2, raw-copy 2).
 func baselineWriters(st Settings) string {
 	var ws []string
-	for _, name := range []string{EffectsOnly, RawCopy} {
-		w, ok := st.BaselineWriters[name]
-		if !ok && st.BaselineWriters == nil {
-			w, ok = st.PoolSize, st.PoolSize > 0
-		}
-		if ok {
-			ws = append(ws, fmt.Sprintf("%s %d", name, w))
-		}
+	for _, bw := range writersOf(st) {
+		ws = append(ws, bw.String())
 	}
 	return orDash(strings.Join(ws, ", "))
 }

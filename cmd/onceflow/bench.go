@@ -345,10 +345,7 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	defer pool.Close()
 	size := o.pool
 	if size == 0 {
-		size = a.cfg.Postgres.PoolSize
-		if o.baselineWriters > size {
-			return fmt.Errorf("--baseline-writers %d: at most the pool's %d connections (postgres.pool_size; --pool sets another)", o.baselineWriters, size)
-		}
+		size = a.cfg.Postgres.PoolSize // --baseline-writers over it: cfg.Validate below
 	}
 	handlers, skipped, err := a.benchHandlers(topic)
 	if err != nil {
