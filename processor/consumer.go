@@ -378,6 +378,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.hard, c.cancelHard, c.cancelRun = hard, cancelHard, cancelRun
 	c.mu.Unlock()
 	if c.aborting.Load() {
+		c.log.Info("consumer aborted before it started: nothing read, nothing written", "group", c.cfg.Group)
 		return nil
 	}
 

@@ -85,6 +85,15 @@ func TestKillAndAbortLogAtInfo(t *testing.T) {
 			cfg.Logger = slog.New(logs)
 			m := e.start(cfg, e.writer(0))
 			e.waitProcessed(1, 30*time.Second)
+			// Running (the processed count may be the first member's).
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if _, ok := logs.find(slog.LevelInfo, "consumer starting"); ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: the member did not start within 30s", stop.name)
+				}
+			}
 			stop.do(m.c)
 			m.stop(t) // waits for Run to return
 			if n := logs.count(slog.LevelWarn, stop.says); n != 0 {
@@ -93,6 +102,21 @@ func TestKillAndAbortLogAtInfo(t *testing.T) {
 			if r, ok := logs.find(slog.LevelInfo, stop.says); !ok || !strings.Contains(r["msg"], "no Kafka offset committed") {
 				t.Errorf("%s: %q at INFO, saying what it left undone: %v %v", stop.name, stop.says, r, ok)
 			}
+		}
+		// Aborted before Run: Run returns at once, and says so.
+		logs := &logRecorder{}
+		cfg := e.config("early")
+		cfg.Logger = slog.New(logs)
+		c, err := processor.New(cfg, e.writer(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Abort()
+		if err := c.Run(t.Context()); err != nil {
+			t.Errorf("Run after Abort: %v", err)
+		}
+		if _, ok := logs.find(slog.LevelInfo, "consumer aborted before it started"); !ok {
+			t.Error("an Abort before Run: Run said nothing at INFO")
 		}
 	})
 }
