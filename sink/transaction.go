@@ -46,6 +46,14 @@ func (o *outcome) merge(p outcome) {
 // defer its offset ([Batch.DeferOffset]) and was found whole: then nothing
 // is written, no transaction begun, and [Result.OffsetDeferred] is set.
 //
+// A batch with an event that another Write of this Writer is applying (a
+// redelivery on another partition, read while its first delivery's
+// transaction is open) begins its transaction only once that Write has
+// returned, and then skips the event if the cache learned it committed:
+// it waits holding nothing, where its claim would have waited in Postgres
+// holding the keys claimed before it, and batches that need those would
+// have queued behind it (a sink.wait_inflight span).
+//
 // When a handler fails with a data error ([Classify] says [Data]: a
 // [RejectError], a data exception, a constraint violation, a value too
 // large for an index), the transaction is rolled back and the batch is
@@ -101,6 +109,22 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 		}
 	}
 
+	// Events another open transaction of this Writer claims: wait for it
+	// to end, holding nothing, then ask the cache again.
+	var h *holder
+	for len(todo) > 0 {
+		var busy <-chan struct{}
+		if h, busy = w.inflight.enter(eventIDs(todo)); busy == nil {
+			break
+		}
+		if err := w.waitInflight(ctx, busy); err != nil {
+			return res, err
+		}
+		todo, skipped, conflicts = w.fromCache(b)
+		res.SkippedLRU = len(skipped)
+	}
+	defer func() { w.inflight.leave(h) }() // on the paths that return before the cache is told
+
 	res.Attempts++
 	isolating := b.Isolate && len(todo) > 0
 	out, err := w.transaction(ctx, b, todo, conflicts, isolating)
@@ -133,6 +157,8 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 	// started empty, and remembering each would cost an insertion and
 	// evict the member's own recent claims, which redeliveries hit.
 	w.cfg.Cache.Remember(out.claimed, out.digests)
+	w.inflight.leave(h) // whoever waited for these events finds them in the cache
+	h = nil
 	w.analyzeSlice(ctx, out)
 	skipped = append(skipped, out.already...)
 	res.Applied = len(out.claimed)

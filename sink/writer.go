@@ -163,6 +163,7 @@ type Writer struct {
 	filtered  bool              // some handler is a TopicFilter
 	stats     *dedup.Statistics // analyzes each new dedup slice once it holds claims
 	byInsert  atomic.Int32      // claims left to write by insert after a contended one (see claimKeys)
+	inflight  inflight          // the events its open transactions claim
 }
 
 // New returns a Writer over pool. It does not touch the database; run
