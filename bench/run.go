@@ -286,7 +286,7 @@ func (c Config) Validate() error {
 		bad("PoolSize", c.PoolSize, "at least 1")
 	}
 	if c.BaselineWriters < 0 || c.BaselineWriters > max(c.PoolSize, 1) {
-		bad("BaselineWriters", c.BaselineWriters, "at most one writer per connection of the pool (%d); 0 measures the fastest", c.PoolSize)
+		bad("BaselineWriters", c.BaselineWriters, "at most one writer per connection of the pool (%d); left unset, the fastest is measured", c.PoolSize)
 	}
 	if c.StormChanges < 1 {
 		bad("StormChanges", c.StormChanges, "at least 1")

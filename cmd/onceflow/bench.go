@@ -327,26 +327,34 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if dropOnly {
 		return dropLeftovers(cmd, a, bench.Config{Schema: o.schema, Topic: topic, Brokers: brokers})
 	}
+	// What the loaded config and the payloads' file say, together.
+	size := o.pool
+	if size == 0 {
+		size = a.cfg.Postgres.PoolSize
+	}
+	if o.baselineWriters > size {
+		ps = append(ps, fmt.Errorf("--baseline-writers %d: at most one writer per connection of the pool (%d, postgres.pool_size); leave it out to measure the fastest", o.baselineWriters, size))
+	}
 	path, isTemplate := o.sample, false
 	if o.template != "" {
 		path, isTemplate = o.template, true
 	}
 	payloads, err := bench.LoadPayloads(path, isTemplate)
-	if err != nil {
-		if isTemplate {
-			return fmt.Errorf("--template: %w", err)
-		}
-		return fmt.Errorf("--sample: %w", err)
+	switch {
+	case err == nil:
+	case isTemplate:
+		ps = append(ps, fmt.Errorf("--template: %w", err))
+	default:
+		ps = append(ps, fmt.Errorf("--sample: %w", err))
+	}
+	if err := errors.Join(ps...); err != nil {
+		return err
 	}
 	pool, err := a.openPool(cmd.Context(), 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	size := o.pool
-	if size == 0 {
-		size = a.cfg.Postgres.PoolSize // --baseline-writers over it: cfg.Validate below
-	}
 	handlers, skipped, err := a.benchHandlers(topic)
 	if err != nil {
 		return err

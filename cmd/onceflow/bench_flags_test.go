@@ -32,6 +32,9 @@ func TestBenchFlagsAllNamed(t *testing.T) {
 			[]string{"--duplicates NaN: a share from 0 to 1", "--partitions 100000: at most 1000", `--bench-schema "pg_x"`, "not pg_"}},
 		{"a stream too big to hold", []string{"--events", "1000000000000"},
 			[]string{"--events 1000000000000: with --duplicates 0.3, 1300000000000 records: at most 10000000 records"}},
+		{"more baseline writers than the config's pool, and no sample", []string{"--sample", "x.jsonl", "--baseline-writers", "64"},
+			[]string{"--baseline-writers 64: at most one writer per connection of the pool", "postgres.pool_size", "leave it out to measure the fastest",
+				"--sample: open x.jsonl"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -43,6 +46,9 @@ func TestBenchFlagsAllNamed(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error:\n%v\nwant it to say %q", err, w)
 				}
+			}
+			if strings.Contains(err.Error(), "0 measures") {
+				t.Errorf("error offers 0, which the flag refuses:\n%v", err)
 			}
 			for _, field := range []string{"Duplicates", "StormEvery", "CPUProfileOf", "Schema ", "PoolSize", "Events", "bench: "} {
 				if strings.Contains(err.Error(), field) {
