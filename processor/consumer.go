@@ -148,8 +148,12 @@ type Consumer struct {
 	// topicIDs are the Kafka ids of the consumed topics as of their last
 	// assignment, stored with each batch's offset.
 	topicIDs map[string]uuid.NullUUID
-	cl       *kgo.Client
-	ran      atomic.Bool
+	// recreated are the consumed topics the client saw recreated (a new
+	// id under a name it holds) and that were not added again since:
+	// the poll loop re-adds them (readd).
+	recreated map[string]bool
+	cl        *kgo.Client
+	ran       atomic.Bool
 
 	// hard is the parent of every worker's context; Abort cancels it, so
 	// every in-flight transaction rolls back (but one whose COMMIT was
@@ -485,7 +489,7 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.AdjustFetchOffsetsFn(c.adjust),
 		kgo.WithHooks(fetchCounter{&c.stats.fetched}),
 		kgo.RecordDeliveryTimeout(c.cfg.ProduceTimeout),
-		kgo.WithLogger(kgoLogger{c.log, &c.repeats}),
+		kgo.WithLogger(kgoLogger{c.log, &c.repeats, c.noteRecreated}),
 	}, c.protocolOptions()...)
 }
 
@@ -533,6 +537,9 @@ func lastingKeyvals(keyvals []any) []any {
 type kgoLogger struct {
 	log  *slog.Logger
 	seen *repeats
+	// recreated, if set, is told each topic franz-go says it saw
+	// recreated (kgoTopicRecreated).
+	recreated func(topic string)
 }
 
 func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
@@ -540,6 +547,15 @@ func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
 func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	if msg == kgoCommitRefused {
 		return // said by commitDone, an epoch refusal once
+	}
+	if msg == kgoTopicRecreated && l.recreated != nil {
+		for i := 0; i+1 < len(keyvals); i += 2 {
+			if k, _ := keyvals[i].(string); k == "topic" {
+				if topic, ok := keyvals[i+1].(string); ok {
+					l.recreated(topic)
+				}
+			}
+		}
 	}
 	lv := slog.LevelWarn
 	if level == kgo.LogLevelError {

@@ -154,7 +154,10 @@
 //     starts from the stored offset;
 //   - topic deleted (and perhaps recreated under the same name): the
 //     brokers answer UNKNOWN_TOPIC_ID to every fetch by the old topic id,
-//     and franz-go adopts no new id on its own. The member stops the
+//     and franz-go adopts no new id on its own. On those errors, or as
+//     soon as its client's metadata shows the topic under a new id
+//     (franz-go says so once; the errors came up to 25 s later), the
+//     member stops the
 //     topic's workers as on a revoke (what is queued of the old topic is
 //     dropped; no Kafka offset is committed then), purges the topic from
 //     its client and adds it again: a recreated topic is assigned again

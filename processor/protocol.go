@@ -324,7 +324,7 @@ func (c *Consumer) reclaimInstance(ctx context.Context, clientCtx context.Contex
 		return
 	}
 	opts := append(append([]kgo.Opt{kgo.SeedBrokers(c.cfg.Brokers...), kgo.ClientID(c.cfg.ClientID),
-		kgo.WithLogger(kgoLogger{c.log, &c.repeats})}, c.cfg.KafkaOptions...), kgo.WithContext(clientCtx))
+		kgo.WithLogger(kgoLogger{log: c.log, seen: &c.repeats})}, c.cfg.KafkaOptions...), kgo.WithContext(clientCtx))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		c.log.Warn("reclaim instance id: kafka client", "group", c.cfg.Group, "instance_id", c.cfg.InstanceID, "err", err)

@@ -41,7 +41,7 @@ func TestRepeatsHoldBackALineSaidAgain(t *testing.T) {
 // not one every retry.
 func TestKafkaLoopErrorsAreHeldBackAcrossRetries(t *testing.T) {
 	var buf bytes.Buffer
-	l := kgoLogger{slog.New(slog.NewTextHandler(&buf, nil)), &repeats{}}
+	l := kgoLogger{log: slog.New(slog.NewTextHandler(&buf, nil)), seen: &repeats{}}
 	for i := range 8 {
 		l.Log(kgo.LogLevelError, "group manage loop errored", "group", "g", "err", "UNRELEASED_INSTANCE_ID",
 			"consecutive_errors", i+1, "backoff", time.Duration(i+1)*271*time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -18,6 +19,36 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
+// kgoTopicRecreated is franz-go's line (once per client and recreation)
+// when metadata gives a new id for a topic the client holds: from then on
+// it fetches the topic under the old id, which the brokers answer with
+// UNKNOWN_TOPIC_ID, and those errors reached the poll loop up to 25 s
+// later (a chaos run). The Consumer re-adds the topic on this line, not
+// only on the errors. Should franz-go word it otherwise, the errors still
+// do (TestRecreatedTopicSaidByTheClient checks the words).
+const kgoTopicRecreated = "metadata has a new ID for a topic we already hold: the topic was deleted and recreated; we do not adopt the new ID, the topic fails with UNKNOWN_TOPIC_ID until it is purged and re-added"
+
+// noteRecreated records that the client saw topic recreated (kgoLogger).
+func (c *Consumer) noteRecreated(topic string) {
+	if !slices.Contains(c.cfg.Topics, topic) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.recreated == nil {
+		c.recreated = map[string]bool{}
+	}
+	c.recreated[topic] = true
+}
+
+// recreatedTopics returns the topics noteRecreated recorded and readd has
+// not added again since, sorted.
+func (c *Consumer) recreatedTopics() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Sorted(maps.Keys(c.recreated))
+}
+
 // readdEvery is how often, at most, one topic is purged from the client
 // and added again (readd): each time costs the group a rebalance, and the
 // fetches in flight as it happens may still fail with the old id.
@@ -26,7 +57,8 @@ const readdEvery = 10 * time.Second
 // readd purges from the client, and adds again, each consumed topic of
 // gone: topics whose fetches fail with UNKNOWN_TOPIC_ID, which the brokers
 // answer once the topic the client knows (by its Kafka topic id) is
-// deleted — recreated under the same name or not yet. franz-go keeps a
+// deleted — recreated under the same name or not yet — and those the
+// client said it saw recreated (noteRecreated). franz-go keeps a
 // topic's first id for the client's life and fails every fetch of a new
 // one until the topic is purged and added again; then it learns the
 // topic as new, by its name: a recreated topic is assigned again, and a
@@ -70,6 +102,7 @@ func (c *Consumer) readd(cl *kgo.Client, gone []string, readdedAt map[string]tim
 	}
 	for _, topic := range topics {
 		delete(c.topicIDs, topic)
+		delete(c.recreated, topic)
 	}
 	c.mu.Unlock()
 	for _, topic := range topics {

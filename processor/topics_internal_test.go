@@ -1,0 +1,84 @@
+package processor
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// franz-go says, in kgoTopicRecreated's words, when a topic its client
+// consumes is deleted and created again under the same name, and
+// kgoLogger tells the Consumer which topic: the Consumer re-adds it then,
+// without waiting for the fetches' errors. Should franz-go word it
+// otherwise, this fails.
+func TestRecreatedTopicSaidByTheClient(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	const topic = "orders"
+	admin, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	create := func() {
+		t.Helper()
+		for {
+			resp, err := adm.CreateTopic(ctx, 2, 1, nil, topic)
+			if err == nil && resp.Err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("create %s: %v %v", topic, err, resp.Err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	create()
+	if err := admin.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte("x")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	said := make(chan string, 8)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.MetadataMinAge(50*time.Millisecond), kgo.MetadataMaxAge(200*time.Millisecond),
+		kgo.WithLogger(kgoLogger{log: slog.New(slog.DiscardHandler), seen: &repeats{}, recreated: func(topic string) { said <- topic }}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if fs := cl.PollFetches(ctx); fs.NumRecords() != 1 {
+		t.Fatalf("consumed %d records before the topic was recreated, want 1 (%v)", fs.NumRecords(), fs.Errors())
+	}
+	// Polls go on: the client refreshes its metadata meanwhile.
+	pctx, stopPolls := context.WithCancel(ctx)
+	defer stopPolls()
+	go func() {
+		for pctx.Err() == nil {
+			cl.PollFetches(pctx)
+		}
+	}()
+
+	if resp, err := adm.DeleteTopics(ctx, topic); err != nil || resp.Error() != nil {
+		t.Fatalf("delete %s: %v %v", topic, err, resp.Error())
+	}
+	create()
+	select {
+	case got := <-said:
+		if got != topic {
+			t.Errorf("said recreated: %q, want %q", got, topic)
+		}
+	case <-ctx.Done():
+		t.Fatal("franz-go said nothing kgoLogger took for a recreated topic within 60s")
+	}
+}
