@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -221,8 +222,8 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 	if flags.Changed("pool") && o.pool < 1 {
 		ps = append(ps, fmt.Errorf("--pool %d: at least 1 (leave it out for postgres.pool_size)", o.pool))
 	}
-	if flags.Changed("baseline-writers") && (o.baselineWriters < 1 || o.pool > 0 && o.baselineWriters > o.pool) {
-		ps = append(ps, fmt.Errorf("--baseline-writers %d: from 1 to the pool's connections (--pool, or postgres.pool_size; leave it out to measure the fastest)", o.baselineWriters))
+	if flags.Changed("baseline-writers") && o.baselineWriters < 1 {
+		ps = append(ps, fmt.Errorf("--baseline-writers %d: at least 1 (leave it out to measure the fastest)", o.baselineWriters))
 	}
 	var scenarios []string
 	for _, s := range o.scenarios {
@@ -305,12 +306,16 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 			removeEmptyDirs(o.out, created)
 		}
 	}()
-	if err := errors.Join(ps...); err != nil {
-		return err
+	// The flags' problems above, what the loaded config says of them and
+	// the payloads' file are listed together.
+	if file, _ := flags.GetString("config"); file == "" {
+		if err := errors.Join(ps...); err != nil {
+			return err
+		}
 	}
 	a, err := loadBinding(cmd, benchBinds)
 	if err != nil {
-		return err
+		return errors.Join(append(ps, err)...)
 	}
 	topic := o.topic
 	if topic == "" && len(a.cfg.Kafka.Topics) > 0 {
@@ -325,27 +330,27 @@ func runBench(cmd *cobra.Command, o benchOptions) (err error) {
 		brokers = strings.Split(o.brokers, ",")
 	}
 	if dropOnly {
+		if err := errors.Join(ps...); err != nil {
+			return err
+		}
 		return dropLeftovers(cmd, a, bench.Config{Schema: o.schema, Topic: topic, Brokers: brokers})
 	}
-	// What the loaded config and the payloads' file say, together.
-	size := o.pool
-	if size == 0 {
-		size = a.cfg.Postgres.PoolSize
+	size, of := o.pool, "--pool"
+	if !flags.Changed("pool") {
+		size, of = a.cfg.Postgres.PoolSize, "postgres.pool_size"
 	}
-	if o.baselineWriters > size {
-		ps = append(ps, fmt.Errorf("--baseline-writers %d: at most one writer per connection of the pool (%d, postgres.pool_size); leave it out to measure the fastest", o.baselineWriters, size))
+	if size >= 1 && o.baselineWriters > size {
+		ps = append(ps, fmt.Errorf("--baseline-writers %d: at most one writer per connection of the pool (%d, %s); leave it out to measure the fastest", o.baselineWriters, size, of))
 	}
-	path, isTemplate := o.sample, false
-	if o.template != "" {
-		path, isTemplate = o.template, true
-	}
-	payloads, err := bench.LoadPayloads(path, isTemplate)
-	switch {
-	case err == nil:
-	case isTemplate:
-		ps = append(ps, fmt.Errorf("--template: %w", err))
-	default:
-		ps = append(ps, fmt.Errorf("--sample: %w", err))
+	var payloads *bench.Payloads
+	if path, isTemplate := cmp.Or(o.template, o.sample), o.template != ""; path != "" && (o.sample == "" || o.template == "") {
+		if payloads, err = bench.LoadPayloads(path, isTemplate); err != nil {
+			flag := "--sample"
+			if isTemplate {
+				flag = "--template"
+			}
+			ps = append(ps, fmt.Errorf("%s: %w", flag, err))
+		}
 	}
 	if err := errors.Join(ps...); err != nil {
 		return err

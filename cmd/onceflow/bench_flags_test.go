@@ -35,6 +35,12 @@ func TestBenchFlagsAllNamed(t *testing.T) {
 		{"more baseline writers than the config's pool, and no sample", []string{"--sample", "x.jsonl", "--baseline-writers", "64"},
 			[]string{"--baseline-writers 64: at most one writer per connection of the pool", "postgres.pool_size", "leave it out to measure the fastest",
 				"--sample: open x.jsonl"}},
+		{"more baseline writers than --pool, and no sample", []string{"--sample", "x.jsonl", "--baseline-writers", "9", "--pool", "2"},
+			[]string{"--baseline-writers 9: at most one writer per connection of the pool (2, --pool)", "--sample: open x.jsonl"}},
+		{"a bad range, too many baseline writers and no sample", []string{"--sample", "x.jsonl", "--duplicates", "5", "--baseline-writers", "64"},
+			[]string{"--duplicates 5: a share from 0 to 1", "--baseline-writers 64: at most one writer", "--sample: open x.jsonl"}},
+		{"no pool and no sample", []string{"--sample", "x.jsonl", "--pool", "0", "--baseline-writers", "0"},
+			[]string{"--pool 0: at least 1", "--baseline-writers 0: at least 1", "--sample: open x.jsonl"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var stderr bytes.Buffer
