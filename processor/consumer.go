@@ -148,12 +148,16 @@ type Consumer struct {
 	// topicIDs are the Kafka ids of the consumed topics as of their last
 	// assignment, stored with each batch's offset.
 	topicIDs map[string]uuid.NullUUID
+	cl       *kgo.Client
+	ran      atomic.Bool
+
 	// recreated are the consumed topics the client saw recreated (a new
 	// id under a name it holds) and that were not added again since:
-	// the poll loop re-adds them (readd).
-	recreated map[string]bool
-	cl        *kgo.Client
-	ran       atomic.Bool
+	// the poll loop re-adds them (readd). Its own lock: franz-go's
+	// logger sets it from the client's goroutines, which must never wait
+	// for mu.
+	recreatedMu sync.Mutex
+	recreated   map[string]bool
 
 	// hard is the parent of every worker's context; Abort cancels it, so
 	// every in-flight transaction rolls back (but one whose COMMIT was

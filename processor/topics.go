@@ -33,8 +33,8 @@ func (c *Consumer) noteRecreated(topic string) {
 	if !slices.Contains(c.cfg.Topics, topic) {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.recreatedMu.Lock()
+	defer c.recreatedMu.Unlock()
 	if c.recreated == nil {
 		c.recreated = map[string]bool{}
 	}
@@ -44,8 +44,8 @@ func (c *Consumer) noteRecreated(topic string) {
 // recreatedTopics returns the topics noteRecreated recorded and readd has
 // not added again since, sorted.
 func (c *Consumer) recreatedTopics() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.recreatedMu.Lock()
+	defer c.recreatedMu.Unlock()
 	return slices.Sorted(maps.Keys(c.recreated))
 }
 
@@ -102,9 +102,13 @@ func (c *Consumer) readd(cl *kgo.Client, gone []string, readdedAt map[string]tim
 	}
 	for _, topic := range topics {
 		delete(c.topicIDs, topic)
-		delete(c.recreated, topic)
 	}
 	c.mu.Unlock()
+	c.recreatedMu.Lock()
+	for _, topic := range topics {
+		delete(c.recreated, topic)
+	}
+	c.recreatedMu.Unlock()
 	for _, topic := range topics {
 		c.log.Warn("consumed topic deleted, perhaps recreated under the same name (its topic id is unknown to the brokers): "+
 			"its partitions' workers stop, and the topic is consumed again as new, a recreated topic from its start",
