@@ -68,14 +68,9 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 				c.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err, "repeated", held)
 			}
 		})
-		for _, topic := range c.recreatedTopics() {
-			if !slices.Contains(gone, topic) {
-				gone = append(gone, topic)
-			}
-		}
 		fetches.EachPartition(c.route)
 		c.retakeDue(ctx, cl)
-		c.readd(cl, gone, readdedAt)
+		c.readd(cl, gone, c.recreatedTopics(), readdedAt)
 		cl.AllowRebalance()
 	}
 }

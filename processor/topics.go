@@ -57,12 +57,13 @@ const readdEvery = 10 * time.Second
 // readd purges from the client, and adds again, each consumed topic of
 // gone: topics whose fetches fail with UNKNOWN_TOPIC_ID, which the brokers
 // answer once the topic the client knows (by its Kafka topic id) is
-// deleted — recreated under the same name or not yet — and those the
-// client said it saw recreated (noteRecreated). franz-go keeps a
-// topic's first id for the client's life and fails every fetch of a new
-// one until the topic is purged and added again; then it learns the
-// topic as new, by its name: a recreated topic is assigned again, and a
-// topic not yet recreated is waited for, as one not created yet is.
+// deleted — recreated under the same name or not yet — and each of
+// recreated, those the client said it saw recreated (noteRecreated).
+// franz-go keeps a topic's first id for the client's life and fails every
+// fetch of a new one until the topic is purged and added again; then it
+// learns the topic as new, by its name: a recreated topic is assigned
+// again, and a topic not yet recreated is waited for, as one not created
+// yet is.
 //
 // First the topic's workers stop, as on a revoke: the batch each is
 // writing finishes (or is given up after DrainTimeout) under the old id
@@ -77,14 +78,19 @@ const readdEvery = 10 * time.Second
 // an offset stored under the old topic id starts the partition from its
 // log start, as any recreated topic's does; a partition with no stored
 // offset (one the old topic did not have) starts from the log start too,
-// unless the group has an offset committed for it in Kafka. Each topic is re-added at most once per
-// readdEvery. Called by the poll loop, before it allows a rebalance, so
-// stopping workers cannot race a revoke.
-func (c *Consumer) readd(cl *kgo.Client, gone []string, readdedAt map[string]time.Time) {
+// unless the group has an offset committed for it in Kafka. A topic of
+// gone is re-added at most once per readdEvery (fetches in flight as it
+// is re-added may still fail with the old id); one the client said it saw
+// recreated is re-added at once: the client says so once per id it held,
+// so a topic recreated again soon after a re-add is not left unread for
+// the rest of readdEvery. Called by the poll loop, before it allows a
+// rebalance, so stopping workers cannot race a revoke.
+func (c *Consumer) readd(cl *kgo.Client, gone, recreated []string, readdedAt map[string]time.Time) {
 	now := time.Now()
 	var topics []string
-	for _, topic := range gone {
-		if !slices.Contains(c.cfg.Topics, topic) || now.Sub(readdedAt[topic]) < readdEvery {
+	for _, topic := range slices.Concat(recreated, gone) {
+		if !slices.Contains(c.cfg.Topics, topic) || slices.Contains(topics, topic) ||
+			now.Sub(readdedAt[topic]) < readdEvery && !slices.Contains(recreated, topic) {
 			continue
 		}
 		readdedAt[topic] = now

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -80,5 +81,43 @@ func TestRecreatedTopicSaidByTheClient(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("franz-go said nothing kgoLogger took for a recreated topic within 60s")
+	}
+}
+
+// A topic whose fetches fail with UNKNOWN_TOPIC_ID is re-added at most
+// once per readdEvery; one the client said it saw recreated is re-added
+// at once, even just after a re-add (a topic recreated twice in a few
+// seconds), and is then no longer pending.
+func TestReaddRecreatedAtOnce(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	c := &Consumer{cfg: Config{Topics: []string{"orders"}}, log: slog.New(slog.DiscardHandler),
+		parts: map[tp]*partition{}, topicIDs: map[string]uuid.NullUUID{}}
+	just := time.Now().Add(-time.Second) // re-added a second ago
+	readdedAt := map[string]time.Time{"orders": just}
+
+	c.readd(cl, []string{"orders"}, c.recreatedTopics(), readdedAt)
+	if !readdedAt["orders"].Equal(just) {
+		t.Errorf("fetch errors a second after a re-add re-added the topic again")
+	}
+	c.noteRecreated("orders")
+	c.noteRecreated("other") // not consumed: not noted
+	if got := c.recreatedTopics(); len(got) != 1 || got[0] != "orders" {
+		t.Fatalf("pending after the client's line: %v, want [orders]", got)
+	}
+	c.readd(cl, nil, c.recreatedTopics(), readdedAt)
+	if readdedAt["orders"].Equal(just) {
+		t.Errorf("the client's line a second after a re-add did not re-add the topic")
+	}
+	if got := c.recreatedTopics(); len(got) != 0 {
+		t.Errorf("pending after the re-add: %v, want none", got)
 	}
 }
