@@ -39,12 +39,18 @@ type Processed struct {
 
 // DeadLetterRow is one dead_letters row, as audited.
 type DeadLetterRow struct {
-	Group     string    `json:"consumer_group"`
-	Topic     string    `json:"topic"`
-	Partition int32     `json:"partition"`
-	Offset    int64     `json:"offset"`
-	Reason    string    `json:"reason"`
-	CreatedAt time.Time `json:"created_at"`
+	Group     string `json:"consumer_group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+	// TopicID is the Kafka id of the topic the record was read from; nil
+	// when unknown (brokers without topic ids, or a row written before
+	// onceflow stored them). Two dead letters at one topic, partition and
+	// offset with different ids are two records: the topic was deleted and
+	// created again under its name in between.
+	TopicID   *uuid.UUID `json:"topic_id,omitempty"`
+	Reason    string     `json:"reason"`
+	CreatedAt time.Time  `json:"created_at"`
 	// Conflict is true when the reason is ReasonConflict: this delivery
 	// reused the event id with another payload and applied nothing.
 	Conflict bool `json:"conflict,omitempty"`
@@ -121,7 +127,7 @@ FROM `+t("processed_events")+` p WHERE p.event_id = $1 ORDER BY p.processed_at, 
 	if err != nil {
 		return a, fmt.Errorf("audit processed_events: %w", err)
 	}
-	rows, err = pool.Query(ctx, `SELECT consumer_group, topic, partition, "offset", reason, created_at, reason = $2,
+	rows, err = pool.Query(ctx, `SELECT consumer_group, topic, partition, "offset", topic_id, reason, created_at, reason = $2,
   `+framedSchemaID+`, ''
 FROM `+t("dead_letters")+` WHERE event_id = $1 ORDER BY created_at`, id, ReasonConflict)
 	if err != nil {

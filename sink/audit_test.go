@@ -1,6 +1,7 @@
 package sink_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -59,5 +60,38 @@ func TestAuditRetainedUntil(t *testing.T) {
 	}
 	if p := audit(horizon); p.RetainedUntil == nil || !p.RetainedUntil.Equal(ended.Add(horizon)) {
 		t.Errorf("closed slice: retained_until = %v, want its end + horizon = %v", p.RetainedUntil, ended.Add(horizon))
+	}
+}
+
+// The audit gives each dead letter's topic id: the same event dead-lettered
+// at one topic, partition and offset of two topics of one name (deleted
+// and created again in between) is two rows told apart by it; a row with
+// no id says none.
+func TestAuditDeadLetterTopicIDs(t *testing.T) {
+	pool := sinktest.Pool(t)
+	schema := sinktest.Schema(t, pool)
+	ctx := t.Context()
+	id, old, now := uuid.New(), uuid.New(), uuid.New()
+	for _, topicID := range []any{nil, old, now} {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+
+			` (consumer_group, topic, partition, "offset", event_id, reason, topic_id) VALUES ('g', 'orders', 2, 24, $1, 'value is empty', $2)`,
+			id, topicID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := sink.Audit(ctx, pool, schema, id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range a.DeadLetters {
+		if d.TopicID == nil {
+			got = append(got, "none")
+		} else {
+			got = append(got, d.TopicID.String())
+		}
+	}
+	if want := []string{"none", old.String(), now.String()}; !slices.Equal(got, want) {
+		t.Errorf("dead letters' topic ids %v, want %v", got, want)
 	}
 }
