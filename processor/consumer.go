@@ -309,21 +309,25 @@ type PartitionLag struct {
 	Lag       int64
 }
 
-// Lag returns the lag of every partition assigned now that has a worker
-// and a known high watermark (unknown only when the brokers did not give
-// the log's bounds at assignment and no records came since). A partition
-// revoked or lost is no longer in it.
+// Lag returns the lag of every partition assigned now with a known high
+// watermark (unknown only when the brokers did not give the log's bounds
+// at assignment and no records came since) that has a worker, or that
+// stays paused because its stored offset was out of range
+// (PauseOnOutOfRange): nothing of its log is read, so its lag is the whole
+// log, and stays so until an operator resets its offsets. A partition
+// fenced, to be taken again in a moment, is not in it; nor is one revoked
+// or lost.
 func (c *Consumer) Lag() []PartitionLag {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]PartitionLag, 0, len(c.parts))
 	for k, p := range c.parts {
-		if p.w == nil || p.hw < 0 {
+		if p.hw < 0 || p.w == nil && !p.retakeAt.IsZero() {
 			continue
 		}
-		next := p.w.next.Load()
-		if next < 0 { // nothing read yet: the worker starts at the log start
-			next = p.start
+		next := p.start // paused, or nothing read yet: the log start
+		if p.w != nil && p.w.next.Load() >= 0 {
+			next = p.w.next.Load()
 		}
 		out = append(out, PartitionLag{Topic: k.topic, Partition: k.partition, Lag: max(0, p.hw-next)})
 	}

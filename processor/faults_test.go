@@ -486,6 +486,44 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, tc.stored); err != nil {
 	}
 }
 
+// A partition whose stored offset is out of range stays paused under
+// PauseOnOutOfRange, and its lag is its whole log for as long as it does
+// (the lag alerts see it), where it had no lag at all.
+func TestPausedOutOfRangeHasLag(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(300, 0, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		adm := kadm.NewClient(e.client())
+		var o kadm.Offsets
+		o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 200})
+		if resp, err := adm.DeleteRecords(t.Context(), o); err != nil || resp.Error() != nil {
+			t.Fatalf("delete records: %v %v", err, resp.Error())
+		}
+		if _, err := e.pool.Exec(t.Context(), `INSERT INTO `+e.schema+`.sink_offsets (consumer_group, topic, partition, next_offset)
+VALUES ($1, $2, 0, 50)`, e.group, e.topic); err != nil {
+			t.Fatal(err)
+		}
+		logs := &logRecorder{}
+		cfg := e.config("paused")
+		cfg.Logger = slog.New(logs)
+		cfg.OffsetOutOfRange = processor.PauseOnOutOfRange
+		m := e.start(cfg, e.writer(0))
+		waitLogged(t, logs, slog.LevelError, "the partition stays paused", 60*time.Second)
+		lag := m.c.Lag()
+		if len(lag) != 1 || lag[0].Partition != 0 || lag[0].Lag != 100 {
+			t.Errorf("lag of the paused partition: %+v, want partition 0 at 100 (its log: offsets 200 to 300)", lag)
+		}
+		if got := e.processed(); got != 0 {
+			t.Errorf("applied %d events from a paused partition", got)
+		}
+		m.stop(t)
+	})
+}
+
 // A topic deleted and recreated under the same name, whose new log has
 // grown past the offset stored for the old one, is detected by its topic
 // id: consumption starts at the new log's start (the policy's default),
