@@ -182,7 +182,7 @@ func (c *Consumer) readTopicID(ctx context.Context, topic string) (uuid.NullUUID
 func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 	const every = 3 * time.Second
 	var last error = ErrNotStarted
-	topics := map[string]string{}
+	topics := map[string]topicState{}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, every)
 		err := cl.Ping(pctx)
@@ -212,16 +212,25 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 	}
 }
 
+// topicState is what checkTopics knows of one consumed topic.
+type topicState struct {
+	said    string // what was said last: "" (it exists), "missing", or the brokers' error
+	seen    bool   // said's value stands for an earlier look
+	missing int    // looks in a row that found it missing
+}
+
 // checkTopics asks the brokers about the consumed topics and logs each
 // change of what they say, once: a topic they do not have (a typo, or one
 // not created yet — the member consumes it once it exists, and says so),
 // or whose metadata they refuse (an ACL). state holds, per topic, what
-// was said last ("" for a topic that exists).
+// was said last. A topic is said missing once two looks in a row (3 s
+// apart) find it so: just after a topic is deleted and created again, one
+// look can miss it while it is consumed already.
 //
 // The metadata is asked for as is (cached as kadm would), not through
 // kadm's ListTopics, which fails as a whole when one topic is refused: the
 // refused topic, and any missing one beside it, would never be said.
-func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]string) {
+func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]topicState) {
 	req := kmsg.NewPtrMetadataRequest()
 	for _, topic := range c.cfg.Topics {
 		rt := kmsg.NewMetadataRequestTopic()
@@ -247,8 +256,16 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 		} else if terr != nil {
 			now = terr.Error()
 		}
-		was, seen := state[topic]
-		state[topic] = now
+		st := state[topic]
+		if now != "missing" {
+			st.missing = 0
+		} else if st.missing++; st.missing < 2 && st.said != "missing" {
+			state[topic] = st // once: not said yet
+			continue
+		}
+		was, seen := st.said, st.seen
+		st.said, st.seen = now, true
+		state[topic] = st
 		switch {
 		case now == was:
 		case now == "missing":

@@ -1,8 +1,10 @@
 package processor
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +121,57 @@ func TestReaddRecreatedAtOnce(t *testing.T) {
 	}
 	if got := c.recreatedTopics(); len(got) != 0 {
 		t.Errorf("pending after the re-add: %v, want none", got)
+	}
+}
+
+// A consumed topic is said missing once two looks in a row find it so:
+// one look that misses it (metadata just after it was created again) says
+// nothing, neither that it is missing nor that it exists now.
+func TestTopicSaidMissingAtTheSecondLook(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.MetadataMinAge(10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var buf bytes.Buffer
+	c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	state := map[string]topicState{}
+	look := func() {
+		time.Sleep(20 * time.Millisecond) // past the metadata's min age
+		c.checkTopics(t.Context(), cl, state)
+	}
+	said := func(s string) int { return strings.Count(buf.String(), s) }
+
+	look() // missing once
+	if n := said("does not exist"); n != 0 {
+		t.Fatalf("said missing after one look: %s", buf.String())
+	}
+	if _, err := kadm.NewClient(cl).CreateTopic(t.Context(), 1, 1, nil, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	look()
+	if buf.Len() != 0 {
+		t.Fatalf("a topic missing at one look only, then there: said %s", buf.String())
+	}
+	if _, err := kadm.NewClient(cl).DeleteTopics(t.Context(), "orders"); err != nil {
+		t.Fatal(err)
+	}
+	look()
+	look()
+	look()
+	if n := said("does not exist"); n != 1 {
+		t.Fatalf("missing at three looks: said so %d times, want 1: %s", n, buf.String())
+	}
+	if _, err := kadm.NewClient(cl).CreateTopic(t.Context(), 1, 1, nil, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	look()
+	if n := said("exists now"); n != 1 {
+		t.Errorf("created after it was said missing: said it exists %d times, want 1: %s", n, buf.String())
 	}
 }
