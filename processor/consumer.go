@@ -148,6 +148,9 @@ type Consumer struct {
 	// topicIDs are the Kafka ids of the consumed topics as of their last
 	// assignment, stored with each batch's offset.
 	topicIDs map[string]uuid.NullUUID
+	// findings are the last out-of-range stored offset reported per
+	// partition (firstFinding).
+	findings map[tp]string
 	cl       *kgo.Client
 	ran      atomic.Bool
 

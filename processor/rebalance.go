@@ -7,6 +7,7 @@ package processor
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -96,7 +97,6 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 		next = s
 		recreated := id.Valid && l.TopicID.Valid && id.UUID != l.TopicID.UUID
 		if recreated || b.known && (s < b.start || s > b.end) {
-			c.stats.outOfRange.Add(1)
 			where := "below the log start: the records in between were deleted by retention and are not applied"
 			switch {
 			case recreated:
@@ -112,8 +112,15 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 			} else {
 				next = b.start // 0 when the bounds are unknown: the log start of a new topic
 			}
-			c.log.Error("stored offset is "+where+"; "+action, "topic", topic, "partition", p,
-				"stored_offset", s, "log_start", b.start, "log_end", b.end)
+			// Said and counted once per finding: the same partition taken
+			// again with the same stored offset (under the consumer
+			// protocol, assigned before and after a recreated topic is
+			// re-added) is the same finding.
+			if c.firstFinding(k, fmt.Sprint(s, l.TopicID, id, b.start, b.end)) {
+				c.stats.outOfRange.Add(1)
+				c.log.Error("stored offset is "+where+"; "+action, "topic", topic, "partition", p,
+					"stored_offset", s, "log_start", b.start, "log_end", b.end)
+			}
 		}
 		committed := parts[p].EpochOffset().Offset
 		parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
@@ -291,4 +298,19 @@ func (c *Consumer) stopWorkers(ws []*worker, abort bool) {
 			<-w.done
 		}
 	}
+}
+
+// firstFinding reports whether finding is new for partition k: not the
+// last one reported for it.
+func (c *Consumer) firstFinding(k tp, finding string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.findings == nil {
+		c.findings = map[tp]string{}
+	}
+	if c.findings[k] == finding {
+		return false
+	}
+	c.findings[k] = finding
+	return true
 }
