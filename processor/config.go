@@ -22,8 +22,9 @@ const (
 	// and its new records are read from the beginning (the dedup keeps
 	// events already applied from applying twice).
 	ResumeAtLogStart OutOfRange = "earliest"
-	// PauseOnOutOfRange leaves the partition paused until an operator
-	// rewinds or resets it (onceflow replay) and the member restarts.
+	// PauseOnOutOfRange leaves the partition paused, its lag the whole
+	// log, until an operator decides: the member restarted with
+	// ResumeAtLogStart goes on from the log start.
 	PauseOnOutOfRange OutOfRange = "pause"
 )
 

@@ -487,8 +487,9 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, tc.stored); err != nil {
 }
 
 // A partition whose stored offset is out of range stays paused under
-// PauseOnOutOfRange, and its lag is its whole log for as long as it does
-// (the lag alerts see it), where it had no lag at all.
+// PauseOnOutOfRange, and its lag is its whole log, as it grows, for as
+// long as it does (OnceflowPartitionPaused sees it), where it had no lag
+// at all.
 func TestPausedOutOfRangeHasLag(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 1)
@@ -516,6 +517,21 @@ VALUES ($1, $2, 0, 50)`, e.group, e.topic); err != nil {
 		lag := m.c.Lag()
 		if len(lag) != 1 || lag[0].Partition != 0 || lag[0].Lag != 100 {
 			t.Errorf("lag of the paused partition: %+v, want partition 0 at 100 (its log: offsets 200 to 300)", lag)
+		}
+		// Its log grows, and so does its lag, though nothing fetches it.
+		more, err := orders.Generate(50, 0, 17)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(more.Messages)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			lag = m.c.Lag()
+			if len(lag) == 1 && lag[0].Lag == 150 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("lag of the paused partition 30s after 50 more records: %+v, want 150", lag)
+			}
 		}
 		if got := e.processed(); got != 0 {
 			t.Errorf("applied %d events from a paused partition", got)

@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/onceflow/onceflow/sink"
 )
 
 // kgoTopicRecreated is franz-go's line (once per client and recreation)
@@ -203,12 +205,41 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 		last = err
 		if err == nil {
 			c.checkTopics(ctx, cl, topics)
+			c.refreshPaused(ctx)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(every):
 		}
+	}
+}
+
+// refreshPaused reads again the log bounds of the partitions left paused
+// because their stored offset was out of range (PauseOnOutOfRange): no
+// fetch brings their last stable offset, and their lag (Lag) is their
+// whole log as it grows — a recreated topic found empty gets records.
+func (c *Consumer) refreshPaused(ctx context.Context) {
+	paused := map[string]map[int32]sink.Lease{}
+	c.mu.Lock()
+	for k, p := range c.parts {
+		if p.w == nil && p.retakeAt.IsZero() {
+			if paused[k.topic] == nil {
+				paused[k.topic] = map[int32]sink.Lease{}
+			}
+			paused[k.topic][k.partition] = sink.Lease{NextOffset: -1}
+		}
+	}
+	c.mu.Unlock()
+	for topic, ps := range paused {
+		bounds := c.logBounds(ctx, topic, ps)
+		c.mu.Lock()
+		for p, b := range bounds {
+			if part := c.parts[tp{topic, p}]; part != nil && part.w == nil && part.retakeAt.IsZero() {
+				part.hw, part.start = b.stable, b.start
+			}
+		}
+		c.mu.Unlock()
 	}
 }
 
