@@ -178,18 +178,26 @@ func (e *eventError) Error() string { return fmt.Sprintf("event %d: %v", e.event
 func (e *eventError) Unwrap() error { return e.err }
 
 // firstFailing finds the event of evs that h fails on: the shortest
-// prefix of evs that h fails to apply, found by halving, each attempt in
-// a transaction rolled back; its last event's index. false when h
-// applies them all now, or an attempt fails otherwise (a lost
-// connection).
+// prefix of evs that h fails to apply on a data error, found by halving,
+// each attempt in a transaction rolled back; its last event's index.
+// false when h applies them all now, or an attempt fails otherwise (a
+// lost connection). The attempts do not end with ctx: the other writers'
+// end, when another writer failed first (on the same payload, used in
+// turn), cancels it, and an attempt canceled would count as failing.
 func firstFailing(ctx context.Context, pool *pgxpool.Pool, h sink.Handler, evs []sink.Event) (int, bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	fails := func(n int) (bool, error) {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return false, err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		return h.Apply(ctx, tx, evs[:n]) != nil, nil
+		err = h.Apply(ctx, tx, evs[:n])
+		if err != nil && !sink.IsData(err) {
+			return false, err
+		}
+		return err != nil, nil
 	}
 	if f, err := fails(len(evs)); err != nil || !f {
 		return 0, false
