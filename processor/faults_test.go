@@ -442,27 +442,7 @@ func TestStoredOffsetOutOfRange(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBroker(t, func(t *testing.T, b broker) {
 				e := newEnv(t, b, 1)
-				stream, err := orders.Generate(300, 0, 16)
-				if err != nil {
-					t.Fatal(err)
-				}
-				e.produceMessages(stream.Messages)
-				if tc.deleteTo > 0 {
-					adm := kadm.NewClient(e.client())
-					var o kadm.Offsets
-					o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: tc.deleteTo})
-					resp, err := adm.DeleteRecords(t.Context(), o)
-					if err == nil {
-						err = resp.Error()
-					}
-					if err != nil {
-						t.Fatalf("delete records: %v", err)
-					}
-				}
-				if _, err := e.pool.Exec(t.Context(), `INSERT INTO `+e.schema+`.sink_offsets (consumer_group, topic, partition, next_offset)
-VALUES ($1, $2, 0, $3)`, e.group, e.topic, tc.stored); err != nil {
-					t.Fatal(err)
-				}
+				e.storedOutOfRange(tc.deleteTo, tc.stored)
 				logs := &logRecorder{}
 				cfg := e.config("out-of-range")
 				cfg.Logger = slog.New(logs)
@@ -486,6 +466,33 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, tc.stored); err != nil {
 	}
 }
 
+// storedOutOfRange produces 300 orders to partition 0, deletes its
+// records below deleteTo (none when 0), and stores offset stored for it in
+// Postgres.
+func (e *env) storedOutOfRange(deleteTo, stored int64) {
+	e.t.Helper()
+	stream, err := orders.Generate(300, 0, 16)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.produceMessages(stream.Messages)
+	if deleteTo > 0 {
+		var o kadm.Offsets
+		o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: deleteTo})
+		resp, err := kadm.NewClient(e.client()).DeleteRecords(e.t.Context(), o)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			e.t.Fatalf("delete records: %v", err)
+		}
+	}
+	if _, err := e.pool.Exec(e.t.Context(), `INSERT INTO `+e.schema+`.sink_offsets (consumer_group, topic, partition, next_offset)
+VALUES ($1, $2, 0, $3)`, e.group, e.topic, stored); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // A partition whose stored offset is out of range stays paused under
 // PauseOnOutOfRange, and its lag is its whole log, as it grows, for as
 // long as it does (OnceflowPartitionPaused sees it), where it had no lag
@@ -493,21 +500,7 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, tc.stored); err != nil {
 func TestPausedOutOfRangeHasLag(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 1)
-		stream, err := orders.Generate(300, 0, 16)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.produceMessages(stream.Messages)
-		adm := kadm.NewClient(e.client())
-		var o kadm.Offsets
-		o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 200})
-		if resp, err := adm.DeleteRecords(t.Context(), o); err != nil || resp.Error() != nil {
-			t.Fatalf("delete records: %v %v", err, resp.Error())
-		}
-		if _, err := e.pool.Exec(t.Context(), `INSERT INTO `+e.schema+`.sink_offsets (consumer_group, topic, partition, next_offset)
-VALUES ($1, $2, 0, 50)`, e.group, e.topic); err != nil {
-			t.Fatal(err)
-		}
+		e.storedOutOfRange(200, 50)
 		logs := &logRecorder{}
 		cfg := e.config("paused")
 		cfg.Logger = slog.New(logs)
