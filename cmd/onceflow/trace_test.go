@@ -48,6 +48,27 @@ func storyOf(t *testing.T, s *seedServer, query, service, id string) story {
 	return st
 }
 
+// storyFound is storyOf once the story has a trace of each role Jaeger
+// has spans of, asked again for up to 30 seconds: Jaeger indexes the
+// exports it receives a moment later, each on its own.
+func storyFound(t *testing.T, s *seedServer, query, service, id string, roles ...string) story {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := storyOf(t, s, query, service, id)
+		missing := slices.DeleteFunc(slices.Clone(roles), func(role string) bool {
+			return slices.ContainsFunc(st.Traces, func(tr *storyTrace) bool { return tr.Role == role && tr.Found && len(tr.Spans) > 0 })
+		})
+		if len(missing) == 0 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("event %s: no %v trace in Jaeger after 30s: %+v", id, missing, st)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 func sinkDSN(t *testing.T) string {
 	t.Helper()
 	dsn := os.Getenv("ONCEFLOW_TEST_POSTGRES_DSN")
@@ -143,20 +164,9 @@ func TestTraceTellsTheEventsStory(t *testing.T) {
 	s.drained()
 	s.stop() // flushes the spans
 
-	// Jaeger indexes what it received within a moment: wait for the
-	// dead letter's batch, the last trace exported.
-	var st story
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st = storyOf(t, s, query, service, dead)
-		if slices.ContainsFunc(st.Traces, func(tr *storyTrace) bool { return tr.Role == "dead letter" && tr.Found }) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no dead-letter batch trace in Jaeger after 30s: %+v", st)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	// Jaeger indexes what it received within a moment, and the spans came
+	// in several exports: wait for every trace each story is to have.
+	st := storyFound(t, s, query, service, dead, "dead letter", "published")
 	if len(st.DeadLetters) != 1 || st.DeadLetters[0].TraceID == "" || st.DeadLetters[0].Reason != sink.ReasonConflict {
 		t.Errorf("dead-lettered event's dead letters = %+v, want one conflict with its batch's trace id", st.DeadLetters)
 	}
@@ -166,7 +176,7 @@ func TestTraceTellsTheEventsStory(t *testing.T) {
 	}
 	traceOf(t, st, "published", "replay")
 
-	st = storyOf(t, s, query, service, normal)
+	st = storyFound(t, s, query, service, normal, "ingest", "applied")
 	ingest := traceOf(t, st, "ingest", "")
 	if !hasPath(ingest.Spans, "POST /events-outbox/{bus}", "outbox.relay") {
 		t.Errorf("ingest trace lacks the request → relay path: %v", names(ingest.Spans))
@@ -187,7 +197,7 @@ func TestTraceTellsTheEventsStory(t *testing.T) {
 		}
 	}
 
-	st = storyOf(t, s, query, service, replayed)
+	st = storyFound(t, s, query, service, replayed, "applied", "re-read", "published")
 	traceOf(t, st, "applied", "emailHandler")
 	reread := traceOf(t, st, "re-read", "skipped")
 	if !slices.Contains(names(reread.Spans), "onceflow.batch") {
