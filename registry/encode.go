@@ -115,12 +115,29 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 			return nil, err
 		}
 	}
-	ss, err := d.cl.CreateSchema(rctx, subject, schema)
+	ss, err := createSchema(rctx, d.cl, subject, schema)
 	if err != nil {
 		return nil, fmt.Errorf("register the schema under subject %s: %w", subject, classify(err, false, 0, false))
 	}
 	e.id = ss.ID
 	return e, nil
+}
+
+// createSchema registers schema under subject; a registration the
+// registry refuses while the very schema is there under the subject
+// stands as registered. Apicurio has answered a first registration of a
+// new subject "An artifact with ID … already exists" (under load), where a
+// Confluent registry gives the existing schema's id; a refusal for any
+// other reason (an incompatible schema: not there) is returned as it is.
+func createSchema(ctx context.Context, cl *sr.Client, subject string, schema sr.Schema) (sr.SubjectSchema, error) {
+	ss, err := cl.CreateSchema(ctx, subject, schema)
+	var re *sr.ResponseError
+	if err != nil && errors.As(err, &re) {
+		if found, lerr := cl.LookupSchema(ctx, subject, schema); lerr == nil {
+			return found, nil
+		}
+	}
+	return ss, err
 }
 
 // protoFiles are the .proto files an Encoder's schema is compiled from:
@@ -174,7 +191,7 @@ func (p *protoFiles) register(ctx context.Context, cl *sr.Client, timeout time.D
 			return nil, err
 		}
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		ss, err := cl.CreateSchema(rctx, path, sr.Schema{Schema: text, Type: sr.TypeProtobuf, References: theirs})
+		ss, err := createSchema(rctx, cl, path, sr.Schema{Schema: text, Type: sr.TypeProtobuf, References: theirs})
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("register import %s under subject %s: %w", path, path, classify(err, false, 0, false))

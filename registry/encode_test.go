@@ -2,13 +2,19 @@ package registry_test
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 
 	"github.com/onceflow/onceflow/registry"
 	"github.com/onceflow/onceflow/registry/registrytest"
@@ -225,5 +231,63 @@ func TestEncoderAvroSchemaNotJSON(t *testing.T) {
 	_, err := registry.NewEncoder(t.Context(), registry.Config{URL: url}, "r-value", registry.Source{Kind: registry.Avro, Text: text, Path: "r.avsc"})
 	if err == nil || !strings.Contains(err.Error(), "not valid JSON") || !strings.Contains(err.Error(), "r.avsc") || strings.Contains(err.Error(), "unknown type") {
 		t.Errorf("a truncated .avsc: got %v, want an error naming r.avsc and saying it is not valid JSON", err)
+	}
+}
+
+// A registration the registry refuses although the schema is there under
+// the subject (Apicurio has answered a first registration "already
+// exists" under load) stands as registered: the Encoder writes with the
+// schema's id. A refusal of a schema that is not there is an error.
+func TestEncoderRegistrationRefusedButThere(t *testing.T) {
+	fake := srfake.New()
+	defer fake.Close()
+	target, _ := url.Parse(fake.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	const (
+		pass     = iota
+		madeThen // the next registration: made, then answered 409
+		notMade  // registrations answered 409, not made
+	)
+	var mode atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/versions") {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		msg := "An artifact with ID '" + strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/subjects/"), "/versions") + "' in group 'null' already exists."
+		switch {
+		case mode.CompareAndSwap(madeThen, pass):
+			proxy.ServeHTTP(httptest.NewRecorder(), r)
+		case mode.Load() == notMade:
+			msg = "Schema being registered is incompatible with an earlier schema"
+		default:
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprintf(w, `{"error_code":409,"message":%q}`, msg)
+	}))
+	defer srv.Close()
+	cfg := registry.Config{URL: srv.URL, Timeout: 5 * time.Second}
+	src := registry.Source{Kind: registry.Protobuf, Text: protoOrder, Message: "Order"}
+
+	mode.Store(madeThen)
+	e, err := registry.NewEncoder(t.Context(), cfg, "orders-value", src)
+	if err != nil {
+		t.Fatalf("a registration answered 409 whose schema is there: %v", err)
+	}
+	v, err := e.Encode([]byte(`{"id":"o-1","qty":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decoder(t, fake.URL()).Decode(t.Context(), registry.Protobuf, v); err != nil {
+		t.Errorf("the record written with the id found: %v", err)
+	}
+
+	// A refusal where the schema is not there stays an error.
+	mode.Store(notMade)
+	if _, err := registry.NewEncoder(t.Context(), cfg, "other-value", src); err == nil || !strings.Contains(err.Error(), "incompatible") {
+		t.Errorf("a refused registration whose schema is not there: %v, want the registry's refusal", err)
 	}
 }
