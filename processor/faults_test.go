@@ -533,6 +533,58 @@ func TestPausedOutOfRangeHasLag(t *testing.T) {
 	})
 }
 
+// A member whose partitions are all paused (their stored offsets out of
+// range) fetches nothing, so its client hears of the topic recreated under
+// the same name only at its next metadata refresh (MetadataMaxAge, 5
+// minutes by default): the member's own look at the topics every few
+// seconds sees the new topic id, and the topic is re-added and found again
+// within seconds — here the stored offset, beyond the new log's end, is a
+// new finding, the partition staying paused.
+func TestPausedTopicRecreatedIsFoundAgain(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		e.storedOutOfRange(200, 50)
+		logs := &logRecorder{}
+		cfg := e.config("paused")
+		cfg.Logger = slog.New(logs)
+		cfg.OffsetOutOfRange = processor.PauseOnOutOfRange
+		m := e.start(cfg, e.writer(0))
+		waitLogged(t, logs, slog.LevelError, "below the log start", 60*time.Second)
+
+		adm := kadm.NewClient(e.client())
+		if _, err := adm.DeleteTopic(t.Context(), e.topic); err != nil {
+			t.Fatalf("delete topic: %v", err)
+		}
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			resp, err := adm.CreateTopic(t.Context(), 1, 1, nil, e.topic)
+			if err == nil {
+				err = resp.Err
+			}
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("recreate topic: %v", err)
+			}
+		}
+		recreated := time.Now()
+		more, err := orders.Generate(30, 0, 19)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(more.Messages)
+		waitLogged(t, logs, slog.LevelError, "beyond the log end", 30*time.Second)
+		t.Logf("the recreation found again %v after it", time.Since(recreated).Round(time.Millisecond))
+		if got := m.c.Stats().OffsetsOutOfRange; got != 2 {
+			t.Errorf("out-of-range findings: %d, want 2 (the old log's start, the new log's end)", got)
+		}
+		if got := e.processed(); got != 0 {
+			t.Errorf("applied %d events from a paused partition", got)
+		}
+		m.stop(t)
+	})
+}
+
 // A topic deleted and recreated under the same name, whose new log has
 // grown past the offset stored for the old one, is detected by its topic
 // id: consumption starts at the new log's start (the policy's default),

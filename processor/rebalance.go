@@ -20,11 +20,13 @@ import (
 
 // assigned is called before the offsets of new partitions are fetched;
 // the partitions are taken in adjust, once their Kafka offsets are known.
+// It logs each topic's partitions once each, in order (franz-go has listed
+// some twice, assigning a topic re-added with more partitions).
 func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	c.refused.Store(nil) // admitted to the group
 	for topic, parts := range assigned {
 		if len(parts) > 0 {
-			c.log.Info("partitions assigned", "topic", topic, "partitions", parts)
+			c.log.Info("partitions assigned", "topic", topic, "partitions", slices.Compact(slices.Sorted(slices.Values(parts))))
 		}
 	}
 }

@@ -1,6 +1,11 @@
 package processor
 
-import "testing"
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+)
 
 // An out-of-range stored offset is reported (logged and counted) once
 // per finding by a member: a partition taken again with the same stored
@@ -24,5 +29,16 @@ func TestOutOfRangeReportedOncePerFinding(t *testing.T) {
 		if got := c.firstFinding(step.k, step.finding); got != step.want {
 			t.Errorf("step %d: firstFinding(%v, %q) = %v, want %v", i, step.k, step.finding, got, step.want)
 		}
+	}
+}
+
+// The assignment's log line names each partition once, in order, as
+// franz-go may list some twice (a topic re-added with more partitions).
+func TestAssignedLogsEachPartitionOnce(t *testing.T) {
+	var buf bytes.Buffer
+	c := &Consumer{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	c.assigned(t.Context(), nil, map[string][]int32{"orders": {0, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5}, "none": {}})
+	if got := buf.String(); strings.Count(got, "partitions assigned") != 1 || !strings.Contains(got, `partitions="[0 1 2 3 4 5]"`) {
+		t.Errorf("logged %q, want one line with partitions [0 1 2 3 4 5]", got)
 	}
 }

@@ -243,6 +243,13 @@ func (c *Consumer) refreshPaused(ctx context.Context) {
 	}
 }
 
+// lookFresh is the oldest metadata a look at the topics (checkTopics)
+// takes from the client's cache: less than the looks' interval, so that
+// each look asks the brokers (the client's own min age, 5 s by default,
+// gave two looks 3 s apart one answer, and a topic recreated between them
+// was said missing).
+const lookFresh = time.Second
+
 // topicState is what checkTopics knows of one consumed topic.
 type topicState struct {
 	said    string // what was said last: "" (it exists), "missing", or the brokers' error
@@ -258,7 +265,14 @@ type topicState struct {
 // apart) find it so: just after a topic is deleted and created again, one
 // look can miss it while it is consumed already.
 //
-// The metadata is asked for as is (cached as kadm would), not through
+// A topic the brokers give another id than the one the member took its
+// partitions under (topicIDs) was deleted and recreated: checkTopics notes
+// it (noteRecreated) for the poll loop to re-add. The client says so too,
+// but only once its own metadata is refreshed, and a member whose
+// partitions are all paused (PauseOnOutOfRange) fetches nothing that
+// would refresh it before MetadataMaxAge (5 minutes by default).
+//
+// The metadata is asked for as is (at most lookFresh old), not through
 // kadm's ListTopics, which fails as a whole when one topic is refused: the
 // refused topic, and any missing one beside it, would never be said.
 func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]topicState) {
@@ -269,15 +283,28 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 		req.Topics = append(req.Topics, rt)
 	}
 	tctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-	resp, err := cl.RequestCachedMetadata(tctx, req, 0)
+	resp, err := cl.RequestCachedMetadata(tctx, req, lookFresh)
 	cancel()
 	if err != nil {
 		return // asked again next time
 	}
 	errs := make(map[string]error, len(resp.Topics))
 	for _, t := range resp.Topics {
-		if t.Topic != nil {
-			errs[*t.Topic] = kerr.ErrorForCode(t.ErrorCode)
+		if t.Topic == nil {
+			continue
+		}
+		errs[*t.Topic] = kerr.ErrorForCode(t.ErrorCode)
+		if t.ErrorCode == 0 && t.TopicID != [16]byte{} {
+			// Under mu: readd forgets the held id under mu before it
+			// forgets the note, so a note taken here is never left for a
+			// topic already re-added.
+			c.mu.Lock()
+			if held := c.topicIDs[*t.Topic]; held.Valid && held.UUID != uuid.UUID(t.TopicID) {
+				c.log.Info("the brokers give the consumed topic a new id: it was deleted and recreated", "topic", *t.Topic,
+					"topic_id", uuid.UUID(t.TopicID), "held_topic_id", held.UUID)
+				c.noteRecreated(*t.Topic)
+			}
+			c.mu.Unlock()
 		}
 	}
 	for _, topic := range c.cfg.Topics {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -142,7 +143,7 @@ func TestTopicSaidMissingAtTheSecondLook(t *testing.T) {
 	c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil))}
 	state := map[string]topicState{}
 	look := func() {
-		time.Sleep(20 * time.Millisecond) // past the metadata's min age
+		time.Sleep(lookFresh + 20*time.Millisecond) // past the freshness a look asks for
 		c.checkTopics(t.Context(), cl, state)
 	}
 	said := func(s string) int { return strings.Count(buf.String(), s) }
@@ -173,5 +174,78 @@ func TestTopicSaidMissingAtTheSecondLook(t *testing.T) {
 	look()
 	if n := said("exists now"); n != 1 {
 		t.Errorf("created after it was said missing: said it exists %d times, want 1: %s", n, buf.String())
+	}
+}
+
+// Each look at the topics asks the brokers, whatever the client's
+// metadata min age (5 s by default): a topic created again between two
+// looks is seen at the second, not said missing from the first look's
+// cached answer.
+func TestTopicLookIsFresh(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...)) // the default min age
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var buf bytes.Buffer
+	c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil)),
+		topicIDs: map[string]uuid.NullUUID{}}
+	state := map[string]topicState{}
+	c.checkTopics(t.Context(), cl, state) // missing once
+	if _, err := kadm.NewClient(cl).CreateTopic(t.Context(), 1, 1, nil, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(lookFresh + 100*time.Millisecond) // the next look, seconds later
+	c.checkTopics(t.Context(), cl, state)
+	if buf.Len() != 0 {
+		t.Fatalf("a topic created between two looks: said %s", buf.String())
+	}
+}
+
+// A look at the topics that finds a consumed topic under another id than
+// the one the member took its partitions under notes it recreated, to be
+// re-added (a member whose partitions are all paused fetches nothing, and
+// its client learns of the new id only at its next metadata refresh); the
+// same id, or none held (not assigned, or re-added already), notes
+// nothing.
+func TestTopicLookNotesANewID(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	details, err := kadm.NewClient(cl).ListTopics(t.Context(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := uuid.NullUUID{UUID: uuid.UUID(details["orders"].ID), Valid: true}
+	for _, tc := range []struct {
+		name string
+		held uuid.NullUUID
+		want []string
+	}{
+		{"another id", uuid.NullUUID{UUID: uuid.New(), Valid: true}, []string{"orders"}},
+		{"the same id", current, nil},
+		{"none held", uuid.NullUUID{}, nil},
+	} {
+		c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.DiscardHandler),
+			topicIDs: map[string]uuid.NullUUID{}}
+		if tc.held.Valid {
+			c.topicIDs["orders"] = tc.held
+		}
+		c.checkTopics(t.Context(), cl, map[string]topicState{})
+		if got := c.recreatedTopics(); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: noted recreated %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
