@@ -252,9 +252,11 @@ const lookFresh = time.Second
 
 // topicState is what checkTopics knows of one consumed topic.
 type topicState struct {
-	said    string // what was said last: "" (it exists), "missing", or the brokers' error
-	seen    bool   // said's value stands for an earlier look
-	missing int    // looks in a row that found it missing
+	said       string   // what was said last: "" (it exists), "missing", or the brokers' error
+	seen       bool     // said's value stands for an earlier look
+	missing    int      // looks in a row that found it missing
+	partitions int      // its partition count at the last look that found it; 0: none yet
+	id         [16]byte // its topic id then
 }
 
 // checkTopics asks the brokers about the consumed topics and logs each
@@ -271,6 +273,12 @@ type topicState struct {
 // but only once its own metadata is refreshed, and a member whose
 // partitions are all paused (PauseOnOutOfRange) fetches nothing that
 // would refresh it before MetadataMaxAge (5 minutes by default).
+//
+// Partitions added to a consumed topic (more than the last look found)
+// have the client refresh its metadata at once: under the classic
+// protocol the group's leader rebalances when its client's metadata shows
+// them, which the client's own refresh (MetadataMaxAge, 5 minutes by
+// default) left unread and unwatched that long.
 //
 // The metadata is asked for as is (at most lookFresh old), not through
 // kadm's ListTopics, which fails as a whole when one topic is refused: the
@@ -289,11 +297,14 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 		return // asked again next time
 	}
 	errs := make(map[string]error, len(resp.Topics))
+	counts := make(map[string]int, len(resp.Topics))
+	ids := make(map[string][16]byte, len(resp.Topics))
 	for _, t := range resp.Topics {
 		if t.Topic == nil {
 			continue
 		}
 		errs[*t.Topic] = kerr.ErrorForCode(t.ErrorCode)
+		counts[*t.Topic], ids[*t.Topic] = len(t.Partitions), t.TopicID
 		if t.ErrorCode == 0 && t.TopicID != [16]byte{} {
 			// Under mu: readd forgets the held id under mu before it
 			// forgets the note, so a note taken here is never left for a
@@ -315,6 +326,14 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 			now = terr.Error()
 		}
 		st := state[topic]
+		if now == "" {
+			if n := counts[topic]; st.partitions > 0 && n > st.partitions && ids[topic] == st.id { // not a recreation
+				c.log.Info("partitions added to the consumed topic: the member's client reads the brokers' metadata again, for the group to assign them",
+					"topic", topic, "partitions", n, "before", st.partitions)
+				cl.ForceMetadataRefresh()
+			}
+			st.partitions, st.id = counts[topic], ids[topic]
+		}
 		if now != "missing" {
 			st.missing = 0
 		} else if st.missing++; st.missing < 2 && st.said != "missing" {
