@@ -123,21 +123,24 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 	return e, nil
 }
 
-// createSchema registers schema under subject; a registration the
-// registry refuses while the very schema is there under the subject
-// stands as registered. Apicurio has answered a first registration of a
-// new subject "An artifact with ID … already exists" (under load), where a
-// Confluent registry gives the existing schema's id; a refusal for any
-// other reason (an incompatible schema: not there) is returned as it is.
+// createSchema registers schema under subject. A registration the
+// registry refuses stands as registered if the very schema is there under
+// the subject, and is made again once if it is not: Apicurio answers "An
+// artifact with ID … already exists" to registrations of a new subject
+// that lose the race to create it (a Confluent registry gives the
+// existing schema's id, or adds a version), and the second registration
+// finds the subject. A refusal for any other reason (an incompatible
+// schema) is refused again, and returned.
 func createSchema(ctx context.Context, cl *sr.Client, subject string, schema sr.Schema) (sr.SubjectSchema, error) {
 	ss, err := cl.CreateSchema(ctx, subject, schema)
 	var re *sr.ResponseError
-	if err != nil && errors.As(err, &re) {
-		if found, lerr := cl.LookupSchema(ctx, subject, schema); lerr == nil {
-			return found, nil
-		}
+	if err == nil || !errors.As(err, &re) {
+		return ss, err
 	}
-	return ss, err
+	if found, lerr := cl.LookupSchema(ctx, subject, schema); lerr == nil {
+		return found, nil
+	}
+	return cl.CreateSchema(ctx, subject, schema)
 }
 
 // protoFiles are the .proto files an Encoder's schema is compiled from:

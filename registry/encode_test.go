@@ -235,9 +235,11 @@ func TestEncoderAvroSchemaNotJSON(t *testing.T) {
 }
 
 // A registration the registry refuses although the schema is there under
-// the subject (Apicurio has answered a first registration "already
-// exists" under load) stands as registered: the Encoder writes with the
-// schema's id. A refusal of a schema that is not there is an error.
+// the subject (Apicurio answers "already exists" to registrations of a new
+// subject that lose the race to create it) stands as registered: the
+// Encoder writes with the schema's id. One refused while the schema is not
+// there (the race won by another schema) is made again; a refusal that
+// stands is an error.
 func TestEncoderRegistrationRefusedButThere(t *testing.T) {
 	fake := srfake.New()
 	defer fake.Close()
@@ -246,6 +248,7 @@ func TestEncoderRegistrationRefusedButThere(t *testing.T) {
 	const (
 		pass     = iota
 		madeThen // the next registration: made, then answered 409
+		notOnce  // the next registration: answered 409, not made (another schema won the race)
 		notMade  // registrations answered 409, not made
 	)
 	var mode atomic.Int32
@@ -258,6 +261,7 @@ func TestEncoderRegistrationRefusedButThere(t *testing.T) {
 		switch {
 		case mode.CompareAndSwap(madeThen, pass):
 			proxy.ServeHTTP(httptest.NewRecorder(), r)
+		case mode.CompareAndSwap(notOnce, pass):
 		case mode.Load() == notMade:
 			msg = "Schema being registered is incompatible with an earlier schema"
 		default:
@@ -285,7 +289,17 @@ func TestEncoderRegistrationRefusedButThere(t *testing.T) {
 		t.Errorf("the record written with the id found: %v", err)
 	}
 
-	// A refusal where the schema is not there stays an error.
+	// Refused once and not there (another schema created the subject):
+	// registered again.
+	mode.Store(notOnce)
+	if _, err := registry.NewEncoder(t.Context(), cfg, "third-value", src); err != nil {
+		t.Errorf("a registration refused once, its schema not there: %v, want it registered at the second", err)
+	}
+	if mode.Load() != pass {
+		t.Errorf("the refusal was not met")
+	}
+
+	// A refusal where the schema is not there, again, stays an error.
 	mode.Store(notMade)
 	if _, err := registry.NewEncoder(t.Context(), cfg, "other-value", src); err == nil || !strings.Contains(err.Error(), "incompatible") {
 		t.Errorf("a refused registration whose schema is not there: %v, want the registry's refusal", err)
