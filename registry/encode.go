@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"math"
 	"math/big"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -130,11 +131,12 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 // that lose the race to create it (a Confluent registry gives the
 // existing schema's id, or adds a version), and the second registration
 // finds the subject. A refusal for any other reason (an incompatible
-// schema) is refused again, and returned.
+// schema, also 409) is refused again, and returned; one with another
+// status (auth, the registry's own failure) at once.
 func createSchema(ctx context.Context, cl *sr.Client, subject string, schema sr.Schema) (sr.SubjectSchema, error) {
 	ss, err := cl.CreateSchema(ctx, subject, schema)
 	var re *sr.ResponseError
-	if err == nil || !errors.As(err, &re) {
+	if err == nil || !errors.As(err, &re) || re.StatusCode != http.StatusConflict {
 		return ss, err
 	}
 	if found, lerr := cl.LookupSchema(ctx, subject, schema); lerr == nil {
