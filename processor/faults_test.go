@@ -493,6 +493,40 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, stored); err != nil {
 	}
 }
 
+// startPaused stores offset 50 for partition 0, whose records below 200
+// are deleted (storedOutOfRange), and starts a member under
+// PauseOnOutOfRange, logging to the recorder it returns.
+func (e *env) startPaused() (*member, *logRecorder) {
+	e.storedOutOfRange(200, 50)
+	logs := &logRecorder{}
+	cfg := e.config("paused")
+	cfg.Logger = slog.New(logs)
+	cfg.OffsetOutOfRange = processor.PauseOnOutOfRange
+	return e.start(cfg, e.writer(0)), logs
+}
+
+// recreateTopic deletes e's topic and creates it again with one
+// partition, trying again while the deletion completes (asynchronously).
+func (e *env) recreateTopic() {
+	e.t.Helper()
+	adm := kadm.NewClient(e.client())
+	if _, err := adm.DeleteTopic(e.t.Context(), e.topic); err != nil {
+		e.t.Fatalf("delete topic: %v", err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, err := adm.CreateTopic(e.t.Context(), 1, 1, nil, e.topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("recreate topic: %v", err)
+		}
+	}
+}
+
 // A partition whose stored offset is out of range stays paused under
 // PauseOnOutOfRange, and its lag is its whole log, as it grows, for as
 // long as it does (OnceflowPartitionPaused sees it), where it had no lag
@@ -500,12 +534,7 @@ VALUES ($1, $2, 0, $3)`, e.group, e.topic, stored); err != nil {
 func TestPausedOutOfRangeHasLag(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 1)
-		e.storedOutOfRange(200, 50)
-		logs := &logRecorder{}
-		cfg := e.config("paused")
-		cfg.Logger = slog.New(logs)
-		cfg.OffsetOutOfRange = processor.PauseOnOutOfRange
-		m := e.start(cfg, e.writer(0))
+		m, logs := e.startPaused()
 		waitLogged(t, logs, slog.LevelError, "the partition stays paused", 60*time.Second)
 		lag := m.c.Lag()
 		if len(lag) != 1 || lag[0].Partition != 0 || lag[0].Lag != 100 {
@@ -543,30 +572,10 @@ func TestPausedOutOfRangeHasLag(t *testing.T) {
 func TestPausedTopicRecreatedIsFoundAgain(t *testing.T) {
 	eachBroker(t, func(t *testing.T, b broker) {
 		e := newEnv(t, b, 1)
-		e.storedOutOfRange(200, 50)
-		logs := &logRecorder{}
-		cfg := e.config("paused")
-		cfg.Logger = slog.New(logs)
-		cfg.OffsetOutOfRange = processor.PauseOnOutOfRange
-		m := e.start(cfg, e.writer(0))
+		m, logs := e.startPaused()
 		waitLogged(t, logs, slog.LevelError, "below the log start", 60*time.Second)
 
-		adm := kadm.NewClient(e.client())
-		if _, err := adm.DeleteTopic(t.Context(), e.topic); err != nil {
-			t.Fatalf("delete topic: %v", err)
-		}
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			resp, err := adm.CreateTopic(t.Context(), 1, 1, nil, e.topic)
-			if err == nil {
-				err = resp.Err
-			}
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("recreate topic: %v", err)
-			}
-		}
+		e.recreateTopic()
 		recreated := time.Now()
 		more, err := orders.Generate(30, 0, 19)
 		if err != nil {
@@ -601,24 +610,7 @@ func TestRecreatedTopicIsDetected(t *testing.T) {
 		e.waitProcessed(100, 60*time.Second)
 		m.stop(t)
 
-		adm := kadm.NewClient(e.client())
-		if _, err := adm.DeleteTopic(t.Context(), e.topic); err != nil {
-			t.Fatalf("delete topic: %v", err)
-		}
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			resp, err := adm.CreateTopic(t.Context(), 1, 1, nil, e.topic)
-			if err == nil {
-				err = resp.Err
-			}
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("recreate topic: %v", err)
-			}
-			time.Sleep(200 * time.Millisecond) // the deletion completes asynchronously
-		}
+		e.recreateTopic()
 		second, err := orders.Generate(300, 0, 18)
 		if err != nil {
 			t.Fatal(err)
