@@ -204,7 +204,9 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 		}
 		last = err
 		if err == nil {
-			c.checkTopics(ctx, cl, topics)
+			if c.checkTopics(ctx, cl, topics) {
+				cl.ForceMetadataRefresh()
+			}
 			c.refreshPaused(ctx)
 		}
 		select {
@@ -274,16 +276,19 @@ type topicState struct {
 // partitions are all paused (PauseOnOutOfRange) fetches nothing that
 // would refresh it before MetadataMaxAge (5 minutes by default).
 //
-// Partitions added to a consumed topic (more than the last look found)
-// have the client refresh its metadata at once: under the classic
-// protocol the group's leader rebalances when its client's metadata shows
-// them, which the client's own refresh (MetadataMaxAge, 5 minutes by
-// default) left unread and unwatched that long.
+// refresh reports that a consumed topic has another partition count or
+// id than the last look found: partitions added, or the topic recreated.
+// The caller has the client read the brokers' metadata again then: under
+// the classic protocol the group's leader rebalances when its client's
+// metadata shows new partitions, which the client's own refresh
+// (MetadataMaxAge, 5 minutes by default) left unread and unwatched that
+// long — also when the client learned the recreated topic before
+// partitions were added to it, and this look sees both at once.
 //
 // The metadata is asked for as is (at most lookFresh old), not through
 // kadm's ListTopics, which fails as a whole when one topic is refused: the
 // refused topic, and any missing one beside it, would never be said.
-func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]topicState) {
+func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[string]topicState) (refresh bool) {
 	req := kmsg.NewPtrMetadataRequest()
 	for _, topic := range c.cfg.Topics {
 		rt := kmsg.NewMetadataRequestTopic()
@@ -294,7 +299,7 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 	resp, err := cl.RequestCachedMetadata(tctx, req, lookFresh)
 	cancel()
 	if err != nil {
-		return // asked again next time
+		return false // asked again next time
 	}
 	errs := make(map[string]error, len(resp.Topics))
 	counts := make(map[string]int, len(resp.Topics))
@@ -327,12 +332,15 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 		}
 		st := state[topic]
 		if now == "" {
-			if n := counts[topic]; st.partitions > 0 && n > st.partitions && ids[topic] == st.id { // not a recreation
-				c.log.Info("partitions added to the consumed topic: the member's client reads the brokers' metadata again, for the group to assign them",
-					"topic", topic, "partitions", n, "before", st.partitions)
-				cl.ForceMetadataRefresh()
+			n, id := counts[topic], ids[topic]
+			if st.partitions > 0 && (n != st.partitions || id != st.id) {
+				refresh = true
+				if n > st.partitions && id == st.id {
+					c.log.Info("partitions added to the consumed topic: the member's client reads the brokers' metadata again, for the group to assign them",
+						"topic", topic, "partitions", n, "before", st.partitions)
+				}
 			}
-			st.partitions, st.id = counts[topic], ids[topic]
+			st.partitions, st.id = n, id
 		}
 		if now != "missing" {
 			st.missing = 0
@@ -353,4 +361,5 @@ func (c *Consumer) checkTopics(ctx context.Context, cl *kgo.Client, state map[st
 			c.log.Info("consumed topic exists now", "topic", topic)
 		}
 	}
+	return refresh
 }

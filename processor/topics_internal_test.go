@@ -249,3 +249,54 @@ func TestTopicLookNotesANewID(t *testing.T) {
 		}
 	}
 }
+
+// A look that finds a consumed topic with another partition count or id
+// than the last look asks for the client's metadata to be read again:
+// partitions added (said), the topic recreated, and recreated and grown
+// between two looks (the client may have learned the new topic before
+// partitions were added to it, and its group's leader would see them only
+// at its own refresh, minutes later). The same topic, or a first look,
+// asks nothing.
+func TestTopicLookAsksForARefresh(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	details, err := kadm.NewClient(cl).ListTopics(t.Context(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := [16]byte(details["orders"].ID)
+	for _, tc := range []struct {
+		name    string
+		last    topicState
+		refresh bool
+		said    string
+	}{
+		{"first look", topicState{}, false, ""},
+		{"unchanged", topicState{partitions: 2, id: id}, false, ""},
+		{"partitions added", topicState{partitions: 1, id: id}, true, "partitions added"},
+		{"recreated", topicState{partitions: 2, id: [16]byte{1}}, true, ""},
+		{"recreated and grown", topicState{partitions: 1, id: [16]byte{1}}, true, ""},
+	} {
+		var buf bytes.Buffer
+		c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil)),
+			topicIDs: map[string]uuid.NullUUID{}}
+		state := map[string]topicState{"orders": tc.last}
+		if got := c.checkTopics(t.Context(), cl, state); got != tc.refresh {
+			t.Errorf("%s: refresh %v, want %v", tc.name, got, tc.refresh)
+		}
+		if st := state["orders"]; st.partitions != 2 || st.id != id {
+			t.Errorf("%s: state after the look %+v, want 2 partitions under %x", tc.name, st, id)
+		}
+		if tc.said != "" && !strings.Contains(buf.String(), tc.said) || tc.said == "" && strings.Contains(buf.String(), "partitions added") {
+			t.Errorf("%s: logged %q, want %q", tc.name, buf.String(), tc.said)
+		}
+	}
+}

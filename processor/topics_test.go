@@ -163,48 +163,68 @@ func TestDeletedTopicLogsNoFlood(t *testing.T) {
 // leader rebalances when its client's metadata shows them, which the
 // member's look at the topics (every 3 s) refreshes, where the client's
 // own refresh (MetadataMaxAge, 5 minutes by default) left them unread.
+// Also right after the topic was recreated: the client learned the new
+// topic (consuming it) before the partitions were added, and the look may
+// see the new id and the new partitions at once.
 func TestAddedPartitionsAreConsumed(t *testing.T) {
-	eachBroker(t, func(t *testing.T, b broker) {
-		e := newEnv(t, b, 1)
-		first, err := orders.Generate(50, 0, 21)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.produceMessages(first.Messages)
-		logs := &logRecorder{}
-		cfg := e.config("grows")
-		cfg.Logger = slog.New(logs)
-		m := e.start(cfg, e.writer(0))
-		defer m.stop(t)
-		e.waitProcessed(50, 60*time.Second)
+	for _, recreated := range []bool{false, true} {
+		t.Run(map[bool]string{false: "added", true: "added after a recreation"}[recreated], func(t *testing.T) {
+			eachBroker(t, func(t *testing.T, b broker) { addedPartitions(t, b, recreated) })
+		})
+	}
+}
 
-		adm := kadm.NewClient(e.client())
-		if resp, err := adm.CreatePartitions(t.Context(), 2, e.topic); err != nil || resp.Error() != nil {
-			t.Fatalf("add partitions: %v %v", err, resp.Error())
-		}
-		added := time.Now()
-		second, err := orders.Generate(40, 0, 22)
+func addedPartitions(t *testing.T, b broker, recreated bool) {
+	e := newEnv(t, b, 1)
+	first, err := orders.Generate(50, 0, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.produceMessages(first.Messages)
+	logs := &logRecorder{}
+	cfg := e.config("grows")
+	cfg.Logger = slog.New(logs)
+	m := e.start(cfg, e.writer(0))
+	defer m.stop(t)
+	e.waitProcessed(50, 60*time.Second)
+	want := int64(50)
+	if recreated {
+		e.recreateTopic()
+		again, err := orders.Generate(20, 0, 23)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cl := e.client(kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.MetadataMinAge(100*time.Millisecond))
-		for i, msg := range second.Messages {
-			r := wire.NewRecord(e.topic, msg.ID, msg.Value)
-			r.Partition = int32(1 + i%2)
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-				err := cl.ProduceSync(t.Context(), r).FirstErr()
-				if err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("produce to partition %d: %v", r.Partition, err)
-				}
+		e.produceMessages(again.Messages)
+		want += 20
+		e.waitProcessed(want, 60*time.Second)
+	}
+
+	adm := kadm.NewClient(e.client())
+	if resp, err := adm.CreatePartitions(t.Context(), 2, e.topic); err != nil || resp.Error() != nil {
+		t.Fatalf("add partitions: %v %v", err, resp.Error())
+	}
+	added := time.Now()
+	second, err := orders.Generate(40, 0, 22)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := e.client(kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.MetadataMinAge(100*time.Millisecond))
+	for i, msg := range second.Messages {
+		r := wire.NewRecord(e.topic, msg.ID, msg.Value)
+		r.Partition = int32(1 + i%2)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			err := cl.ProduceSync(t.Context(), r).FirstErr()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("produce to partition %d: %v", r.Partition, err)
 			}
 		}
-		e.waitProcessed(90, 30*time.Second)
-		t.Logf("the added partitions consumed %v after they were added", time.Since(added).Round(time.Millisecond))
-		if _, ok := logs.find(slog.LevelInfo, "partitions added"); !ok {
-			t.Errorf("no line saying partitions were added: %v", logs.messages())
-		}
-	})
+	}
+	e.waitProcessed(want+40, 30*time.Second)
+	t.Logf("the added partitions consumed %v after they were added", time.Since(added).Round(time.Millisecond))
+	if _, ok := logs.find(slog.LevelInfo, "partitions added"); !ok && !recreated {
+		t.Errorf("no line saying partitions were added: %v", logs.messages())
+	}
 }
