@@ -125,25 +125,39 @@ func NewEncoder(ctx context.Context, cfg Config, subject string, src Source) (*E
 }
 
 // createSchema registers schema under subject. A registration the
-// registry refuses stands as registered if the very schema is there under
-// the subject, and is made again once if it is not: Apicurio answers "An
-// artifact with ID … already exists" to registrations of a new subject
-// that lose the race to create it (a Confluent registry gives the
-// existing schema's id, or adds a version), and the second registration
-// finds the subject. A refusal for any other reason (an incompatible
-// schema, also 409) is refused again, and returned; one with another
-// status (auth, the registry's own failure) at once.
+// registry refuses with 409 stands as registered if the very schema is
+// there under the subject. Apicurio answers "An artifact with ID … already
+// exists" to registrations of a new subject that lose the race to create
+// it, and "An artifact version … already exists" to those that lose the
+// race to add a version, where a Confluent registry gives the existing
+// schema's id or adds a version: while the refusals say "already exists"
+// and the schema is not there, the registration is made again, up to
+// createAttempts times. Any other refusal (an incompatible schema, also
+// 409; auth; the registry's own failure) is returned at once.
 func createSchema(ctx context.Context, cl *sr.Client, subject string, schema sr.Schema) (sr.SubjectSchema, error) {
-	ss, err := cl.CreateSchema(ctx, subject, schema)
-	var re *sr.ResponseError
-	if err == nil || !errors.As(err, &re) || re.StatusCode != http.StatusConflict {
-		return ss, err
+	for attempt := 1; ; attempt++ {
+		ss, err := cl.CreateSchema(ctx, subject, schema)
+		var re *sr.ResponseError
+		if err == nil || !errors.As(err, &re) || re.StatusCode != http.StatusConflict {
+			return ss, err
+		}
+		if found, lerr := cl.LookupSchema(ctx, subject, schema); lerr == nil {
+			return found, nil
+		}
+		if attempt == createAttempts || !strings.Contains(re.Message, "already exists") {
+			return ss, err
+		}
+		select {
+		case <-ctx.Done():
+			return ss, err
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
 	}
-	if found, lerr := cl.LookupSchema(ctx, subject, schema); lerr == nil {
-		return found, nil
-	}
-	return cl.CreateSchema(ctx, subject, schema)
 }
+
+// createAttempts bounds the registrations createSchema makes of one schema
+// while the registry answers that another registration raced it.
+const createAttempts = 5
 
 // protoFiles are the .proto files an Encoder's schema is compiled from:
 // the schema's own text, and the files it imports, read from its

@@ -9,7 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -236,47 +236,56 @@ func TestEncoderAvroSchemaNotJSON(t *testing.T) {
 
 // A registration the registry refuses although the schema is there under
 // the subject (Apicurio answers "already exists" to registrations of a new
-// subject that lose the race to create it) stands as registered: the
-// Encoder writes with the schema's id. One refused while the schema is not
-// there (the race won by another schema) is made again; a refusal that
-// stands is an error.
+// subject, or of a new version, that lose a race) stands as registered:
+// the Encoder writes with the schema's id. One refused so while the schema
+// is not there (the race won by another schema) is made again, as long as
+// the refusals say so, a few times; any other refusal is returned at
+// once.
 func TestEncoderRegistrationRefusedButThere(t *testing.T) {
 	fake := srfake.New()
 	defer fake.Close()
 	target, _ := url.Parse(fake.URL())
 	proxy := httputil.NewSingleHostReverseProxy(target)
-	const (
-		pass     = iota
-		madeThen // the next registration: made, then answered 409
-		notOnce  // the next registration: answered 409, not made (another schema won the race)
-		notMade  // registrations answered 409, not made
+	var (
+		mu       sync.Mutex
+		makeThen int    // registrations to make, then answer 409
+		refuse   int    // registrations to answer 409 without making them
+		msg      string // the 409's message
+		posts    int    // registrations asked for
 	)
-	var mode atomic.Int32
+	set := func(m, r int, s string) { mu.Lock(); makeThen, refuse, msg, posts = m, r, s, 0; mu.Unlock() }
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/versions") {
 			proxy.ServeHTTP(w, r)
 			return
 		}
-		msg := "An artifact with ID '" + strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/subjects/"), "/versions") + "' in group 'null' already exists."
+		mu.Lock()
+		posts++
+		made, refused, m := makeThen > 0, makeThen == 0 && refuse > 0, msg
+		if made {
+			makeThen--
+		} else if refused {
+			refuse--
+		}
+		mu.Unlock()
 		switch {
-		case mode.CompareAndSwap(madeThen, pass):
+		case made:
 			proxy.ServeHTTP(httptest.NewRecorder(), r)
-		case mode.CompareAndSwap(notOnce, pass):
-		case mode.Load() == notMade:
-			msg = "Schema being registered is incompatible with an earlier schema"
-		default:
+		case !refused:
 			proxy.ServeHTTP(w, r)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusConflict)
-		fmt.Fprintf(w, `{"error_code":409,"message":%q}`, msg)
+		fmt.Fprintf(w, `{"error_code":409,"message":%q}`, m)
 	}))
 	defer srv.Close()
 	cfg := registry.Config{URL: srv.URL, Timeout: 5 * time.Second}
 	src := registry.Source{Kind: registry.Protobuf, Text: protoOrder, Message: "Order"}
+	const subjectExists = "An artifact with ID 'orders-value' in group 'null' already exists."
+	const versionExists = "An artifact version 'null' for artifact ID 'orders-value' in group 'null' already exists."
 
-	mode.Store(madeThen)
+	set(1, 0, subjectExists)
 	e, err := registry.NewEncoder(t.Context(), cfg, "orders-value", src)
 	if err != nil {
 		t.Fatalf("a registration answered 409 whose schema is there: %v", err)
@@ -289,19 +298,35 @@ func TestEncoderRegistrationRefusedButThere(t *testing.T) {
 		t.Errorf("the record written with the id found: %v", err)
 	}
 
-	// Refused once and not there (another schema created the subject):
-	// registered again.
-	mode.Store(notOnce)
+	// Refused, the schema not there (another schema won the race to create
+	// the subject, then the race to add a version): registered again.
+	set(0, 2, subjectExists)
 	if _, err := registry.NewEncoder(t.Context(), cfg, "third-value", src); err != nil {
-		t.Errorf("a registration refused once, its schema not there: %v, want it registered at the second", err)
+		t.Errorf("a registration refused twice as raced, its schema not there: %v, want it registered at the third", err)
 	}
-	if mode.Load() != pass {
-		t.Errorf("the refusal was not met")
+	set(0, 2, versionExists)
+	if _, err := registry.NewEncoder(t.Context(), cfg, "fourth-value", src); err != nil {
+		t.Errorf("a version's registration refused twice as raced: %v, want it registered at the third", err)
 	}
 
-	// A refusal where the schema is not there, again, stays an error.
-	mode.Store(notMade)
+	// A refusal that is not a race is returned at once; one that keeps
+	// saying "already exists" without the schema there, after a few tries.
+	set(0, 100, "Schema being registered is incompatible with an earlier schema")
 	if _, err := registry.NewEncoder(t.Context(), cfg, "other-value", src); err == nil || !strings.Contains(err.Error(), "incompatible") {
-		t.Errorf("a refused registration whose schema is not there: %v, want the registry's refusal", err)
+		t.Errorf("an incompatible schema: %v, want the registry's refusal", err)
 	}
+	mu.Lock()
+	if posts != 1 {
+		t.Errorf("an incompatible schema: registered %d times, want once", posts)
+	}
+	mu.Unlock()
+	set(0, 100, subjectExists)
+	if _, err := registry.NewEncoder(t.Context(), cfg, "stuck-value", src); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Errorf("refused as raced at every try: %v, want the registry's refusal", err)
+	}
+	mu.Lock()
+	if posts < 2 || posts > 10 {
+		t.Errorf("refused as raced at every try: registered %d times, want a few", posts)
+	}
+	mu.Unlock()
 }
