@@ -137,8 +137,12 @@
 //	                the producer goes on into the new topic (records spread
 //	                over the added partitions too). No member starts until the
 //	                new topic's end offsets, read a second later, are stored
-//	                under its topic id, or 30s have passed; the other faults
-//	                wait for it (the schedule after it moves by its duration)
+//	                under its topic id, or 30s have passed; then two
+//	                partitions are added to the new topic (grow), the
+//	                producer spreads records over them too, and its end
+//	                offsets, read 3s later, must be stored within 30s as
+//	                well; the other faults wait for it (the schedule after
+//	                it moves by its duration)
 //
 // The cuts are toxiproxy toxics that read the Postgres protocol (BEGIN,
 // COMMIT, and the server's COMMIT reply); the report says how many landed
@@ -185,7 +189,9 @@
 //     that ran at the recreate, within 30s (recreate_consumed=, the time
 //     it took); dl_reused= counts the new topic's poison at an offset
 //     where the old topic had a dead letter that is a dead letter once (it
-//     is in dead_letters= as well).
+//     is in dead_letters= as well); then the grown topic's end offsets
+//     stored by the same members within 30s (grow_partitions=6->8
+//     grow_consumed=, the time it took).
 //
 // orders.Check is run on the same expectation; if it disagrees with the
 // verdict the run is INVALID. Evidence comes first: the events,
@@ -196,7 +202,7 @@
 // seconds before them. The full form is in <run>/evidence.txt, then one
 // line:
 //
-//	chaos: seed=… format=json events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=70/70 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 settled=2.1s duration=3m10s PASS
+//	chaos: seed=… format=json events=… records=… kills=… terms=… stops=… pg_restarts=… broker_restarts=… conn_cuts=… commit_cuts=… storms=… replays=… exits=… lost=0 doubled=0 extra=0 counters=ok dead_letters=32/32 stuck=0 latency_isolated=70/70 latency_took=… recreate_partitions=6->8 recreate_consumed=… dl_reused=4/4 grow_partitions=8->10 grow_consumed=… settled=2.1s duration=3m10s PASS
 //
 // # Formats
 //
@@ -249,7 +255,11 @@
 // (latency_isolated=0/…); recreate: a member that does not follow a
 // topic's new id until it restarts (recreate_consumed=no), and dead
 // letters unique without the topic id (dl_reused=0/…, dead_letters one
-// short, "passed over without one").
+// short, "passed over without one"); grow: classic members that read
+// partitions added to a consumed topic only at their client's metadata
+// refresh, minutes later (build 7b730c4, -group-protocol classic -seed
+// 8428960094282383: grow_consumed=no, "EDGE: grow: … behind: 6 at -1/47,
+// 7 at -1/46", FAIL).
 //
 // Exit status: 0 PASS, 1 FAIL (the guarantee did not hold), 2 the run
 // could not be set up, 3 INVALID (the harness or the broker lost data).

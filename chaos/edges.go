@@ -45,7 +45,26 @@ type recreateOutcome struct {
 	Behind             string        // the partitions that were not, when Consumed is -1
 	Bound              time.Duration
 	Started, Exited    []string // members started, or exited, while the consumption was awaited
+	// Then growBy partitions are added to the new topic (GrownParts in
+	// all), and its end offsets, taken growSettle later, must be stored
+	// within Bound too (Grown; -1: not; GrowBehind: the partitions that
+	// were not, GrowFailed: why it could not be done).
+	GrownParts int
+	Grown      time.Duration
+	GrowBehind string
+	GrowFailed string
 }
+
+// growBy is how many partitions the recreate fault adds to the new topic
+// once its records are consumed: partitions added under running members
+// must be assigned and consumed (under classic the group's leader
+// rebalances when its client's metadata shows them); growSettle is how
+// long the producer spreads records over them before the end offsets the
+// members must reach are taken.
+const (
+	growBy     = 2
+	growSettle = 3 * time.Second
+)
 
 // runLatency carries out a pg-latency fault; the other faults wait for
 // it, so that what it measures is the isolation, not a broker down or a
@@ -259,6 +278,48 @@ func (c *chaos) recreate(ctx context.Context, f fault, say func(string, ...any))
 	if len(out.Started)+len(out.Exited) > 0 {
 		say("recreate: meanwhile started: %v, exited: %v", out.Started, out.Exited)
 	}
+	if out.Consumed >= 0 {
+		c.grow(ctx, out, f, say)
+	}
+}
+
+// grow adds growBy partitions to the recreated topic under the running
+// members (none starts meanwhile: the caller holds them) and waits, up to
+// f.Pause, for the end offsets taken growSettle later to be stored.
+func (c *chaos) grow(ctx context.Context, out *recreateOutcome, f fault, say func(string, ...any)) {
+	out.GrownParts, out.Grown = c.parts+growBy, -1
+	err := c.prod.pause(ctx)
+	if err == nil {
+		err = addPartitions(ctx, c.svc.brokers(), c.topic, out.GrownParts)
+	}
+	if err == nil {
+		err = c.prod.grow(out.GrownParts)
+	}
+	if err == nil {
+		c.parts = out.GrownParts
+	}
+	c.prod.resume()
+	if err != nil {
+		out.GrowFailed = err.Error()
+		say("grow: %s", out.GrowFailed)
+		return
+	}
+	say("grow: %d partitions added to topic %s (%d now); the producer spreads records over them", growBy, c.topic, out.GrownParts)
+	if !sleepCtx(ctx, growSettle) {
+		return
+	}
+	ends, err := endOffsets(ctx, c.svc.brokers(), c.topic)
+	if err != nil {
+		out.GrowFailed = err.Error()
+		say("grow: %v", err)
+		return
+	}
+	out.Grown, out.GrowBehind = c.waitStored(ctx, out.TopicID, ends, f.Pause)
+	if out.Grown < 0 {
+		say("grow: the members did not store the grown topic's end offsets %v within %v: behind: %s", ends, f.Pause, out.GrowBehind)
+	} else {
+		say("grow: the members stored the grown topic's end offsets %v after %v", ends, out.Grown.Round(time.Millisecond))
+	}
 }
 
 // reusePrefix builds the new topic's first records: on each partition
@@ -406,6 +467,11 @@ func (c *chaos) edgeFailures() []string {
 		case r.Consumed < 0:
 			out = append(out, fmt.Sprintf("recreate: the members that ran when the topic was created again (id %s) did not store its end offsets within %v: behind: %s",
 				r.TopicID, r.Bound, r.Behind))
+		case r.GrowFailed != "":
+			out = append(out, "grow: "+r.GrowFailed)
+		case r.Grown < 0:
+			out = append(out, fmt.Sprintf("grow: the members did not store the end offsets of the topic grown to %d partitions within %v: behind: %s",
+				r.GrownParts, r.Bound, r.GrowBehind))
 		}
 	}
 	return out

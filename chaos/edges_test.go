@@ -3,6 +3,7 @@ package main
 import (
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,5 +113,28 @@ func TestReusePrefix(t *testing.T) {
 	}
 	if !maps.EqualFunc(got, want, slices.Equal) || n[0] != 1 || n[1] != 10 || n[2] != 0 {
 		t.Fatalf("poison at %v in %v records a partition; want poison at %v in map[0:1 1:10]", got, n, want)
+	}
+}
+
+// The recreate fault's checks fail the run, each with its own line: the
+// new topic not consumed within the bound, the grow not carried out, or
+// the grown topic not consumed within it; a recreate and grow consumed in
+// time fail nothing.
+func TestRecreateEdgeFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rec  recreateOutcome
+		want string
+	}{
+		{"consumed", recreateOutcome{Consumed: time.Second, GrownParts: 8, Grown: time.Second}, ""},
+		{"new topic not consumed", recreateOutcome{Consumed: -1, Behind: "0 at -1/5"}, "recreate: the members"},
+		{"grow failed", recreateOutcome{Consumed: time.Second, GrownParts: 8, Grown: -1, GrowFailed: "add partitions: refused"}, "grow: add partitions: refused"},
+		{"grown topic not consumed", recreateOutcome{Consumed: time.Second, GrownParts: 8, Grown: -1, GrowBehind: "6 at -1/47"}, "grow: the members did not store the end offsets of the topic grown to 8 partitions"},
+	} {
+		c := &chaos{rec: &tc.rec}
+		got := strings.Join(c.edgeFailures(), "\n")
+		if tc.want == "" && got != "" || tc.want != "" && !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s: edge failures %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

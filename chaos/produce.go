@@ -196,6 +196,19 @@ func (p *producer) renew(partitions int) error {
 	return nil
 }
 
+// grow, called between pause and resume, replaces the client with a new
+// one that knows the topic's partitions, now partitions (added to the
+// same topic: the same incarnation).
+func (p *producer) grow(partitions int) error {
+	cl, err := newProducerClient(p.brokers)
+	if err != nil {
+		return err
+	}
+	p.cl.Close()
+	p.cl, p.parts = cl, int32(partitions)
+	return nil
+}
+
 func (p *producer) close() {
 	p.gate.Lock()
 	defer p.gate.Unlock()

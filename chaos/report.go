@@ -137,6 +137,13 @@ func (r *report) summary(word string) string {
 			consumed = rc.Consumed.Round(100 * time.Millisecond).String()
 		}
 		fmt.Fprintf(&b, " recreate_partitions=%d->%d recreate_consumed=%s dl_reused=%d/%d", rc.OldParts, rc.NewParts, consumed, reusedOK(rc, r.obs), len(rc.Reused))
+		if rc.GrownParts > 0 {
+			grown := "no"
+			if rc.Grown >= 0 {
+				grown = rc.Grown.Round(100 * time.Millisecond).String()
+			}
+			fmt.Fprintf(&b, " grow_partitions=%d->%d grow_consumed=%s", rc.NewParts, rc.GrownParts, grown)
+		}
 	}
 	fmt.Fprintf(&b, " settled=%s duration=%s %s", settled, r.elapsed.Round(time.Second), word)
 	return b.String()

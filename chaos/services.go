@@ -172,6 +172,20 @@ func recreateTopic(ctx context.Context, brokers []string, topic string, partitio
 	return id, err
 }
 
+// addPartitions gives topic partitions partitions in all.
+func addPartitions(ctx context.Context, brokers []string, topic string, partitions int) error {
+	return withAdmin(ctx, brokers, time.Minute, func(ctx context.Context, adm *kadm.Client) error {
+		resp, err := adm.UpdatePartitions(ctx, partitions, topic)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			return fmt.Errorf("add partitions to topic %s: %w", topic, err)
+		}
+		return nil
+	})
+}
+
 // withAdmin calls fn with an admin client of brokers, bounded by d.
 func withAdmin(ctx context.Context, brokers []string, d time.Duration, fn func(context.Context, *kadm.Client) error) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
