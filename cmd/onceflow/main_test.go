@@ -12,7 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/expfmt"
@@ -116,23 +118,23 @@ func TestDemoJSONMatchesTablesAndServesMetrics(t *testing.T) {
 type dtoFamily struct{ value float64 }
 
 // scrapeWhileRunning reads the demo's stderr for the metrics address,
-// scrapes on every progress line while the demo runs, and sends the union
-// of the families seen (each with its largest value), or nil if it never
-// scraped. Some families, such as per-partition lag, exist only while a
-// partition is assigned, so one scrape is not enough.
+// scrapes it every 50ms while the demo runs (and on every progress line),
+// and sends the union of the families seen (each with its largest value),
+// or nil if it never scraped. Some families, such as per-partition lag,
+// exist only while a partition is assigned, and the demo's members churn
+// every few hundred milliseconds: a scrape per progress line alone can
+// fall into rebalances only, on a loaded machine.
 func scrapeWhileRunning(r io.Reader, out chan<- map[string]*dtoFamily) {
 	sc := bufio.NewScanner(r)
-	var url string
-	var seen map[string]*dtoFamily
-	for sc.Scan() {
-		line := sc.Text()
-		if i := strings.Index(line, "metrics on "); i >= 0 {
-			url = strings.TrimSpace(line[i+len("metrics on "):])
-		}
-		if url == "" || !strings.Contains(line, "consumed") {
-			continue
-		}
-		for name, f := range scrape(url) {
+	var (
+		mu   sync.Mutex
+		seen map[string]*dtoFamily
+	)
+	merge := func(url string) {
+		fams := scrape(url)
+		mu.Lock()
+		defer mu.Unlock()
+		for name, f := range fams {
 			if seen == nil {
 				seen = map[string]*dtoFamily{}
 			}
@@ -141,6 +143,34 @@ func scrapeWhileRunning(r io.Reader, out chan<- map[string]*dtoFamily) {
 			}
 		}
 	}
+	done := make(chan struct{})
+	var ticking sync.WaitGroup
+	var url string
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, "metrics on "); i >= 0 && url == "" {
+			url = strings.TrimSpace(line[i+len("metrics on "):])
+			ticking.Add(1)
+			go func() {
+				defer ticking.Done()
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(50 * time.Millisecond):
+						merge(url)
+					}
+				}
+			}()
+		}
+		if url != "" && strings.Contains(line, "consumed") {
+			merge(url)
+		}
+	}
+	close(done)
+	ticking.Wait()
+	mu.Lock()
+	defer mu.Unlock()
 	out <- seen
 }
 
