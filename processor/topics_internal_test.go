@@ -92,16 +92,7 @@ func TestRecreatedTopicSaidByTheClient(t *testing.T) {
 // at once, even just after a re-add (a topic recreated twice in a few
 // seconds), and is then no longer pending.
 func TestReaddRecreatedAtOnce(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := fakeClient(t, []kfake.Opt{kfake.SeedTopics(1, "orders")}, kgo.ConsumeTopics("orders"))
 	c := &Consumer{cfg: Config{Topics: []string{"orders"}}, log: slog.New(slog.DiscardHandler),
 		parts: map[tp]*partition{}, topicIDs: map[string]uuid.NullUUID{}}
 	just := time.Now().Add(-time.Second) // re-added a second ago
@@ -129,16 +120,7 @@ func TestReaddRecreatedAtOnce(t *testing.T) {
 // one look that misses it (metadata just after it was created again) says
 // nothing, neither that it is missing nor that it exists now.
 func TestTopicSaidMissingAtTheSecondLook(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.MetadataMinAge(10*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := fakeClient(t, nil, kgo.MetadataMinAge(10*time.Millisecond))
 	var buf bytes.Buffer
 	c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil))}
 	state := map[string]topicState{}
@@ -182,16 +164,7 @@ func TestTopicSaidMissingAtTheSecondLook(t *testing.T) {
 // looks is seen at the second, not said missing from the first look's
 // cached answer.
 func TestTopicLookIsFresh(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...)) // the default min age
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := fakeClient(t, nil) // the default min age
 	var buf bytes.Buffer
 	c := &Consumer{cfg: Config{Topics: []string{"orders"}, CallTimeout: 10 * time.Second}, log: slog.New(slog.NewTextHandler(&buf, nil)),
 		topicIDs: map[string]uuid.NullUUID{}}
@@ -214,21 +187,8 @@ func TestTopicLookIsFresh(t *testing.T) {
 // same id, or none held (not assigned, or re-added already), notes
 // nothing.
 func TestTopicLookNotesANewID(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	details, err := kadm.NewClient(cl).ListTopics(t.Context(), "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	current := uuid.NullUUID{UUID: uuid.UUID(details["orders"].ID), Valid: true}
+	cl := fakeClient(t, []kfake.Opt{kfake.SeedTopics(1, "orders")})
+	current := uuid.NullUUID{UUID: uuid.UUID(topicIDOf(t, cl, "orders")), Valid: true}
 	for _, tc := range []struct {
 		name string
 		held uuid.NullUUID
@@ -258,21 +218,8 @@ func TestTopicLookNotesANewID(t *testing.T) {
 // at its own refresh, minutes later). The same topic, or a first look,
 // asks nothing.
 func TestTopicLookAsksForARefresh(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	details, err := kadm.NewClient(cl).ListTopics(t.Context(), "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := [16]byte(details["orders"].ID)
+	cl := fakeClient(t, []kfake.Opt{kfake.SeedTopics(2, "orders")})
+	id := topicIDOf(t, cl, "orders")
 	for _, tc := range []struct {
 		name    string
 		last    topicState
@@ -299,4 +246,31 @@ func TestTopicLookAsksForARefresh(t *testing.T) {
 			t.Errorf("%s: logged %q, want %q", tc.name, buf.String(), tc.said)
 		}
 	}
+}
+
+// fakeClient starts a one-broker kfake cluster with opts and returns a
+// client of it with copts; both end with the test.
+func fakeClient(t *testing.T, opts []kfake.Opt, copts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cluster, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cluster.ListenAddrs()...)}, copts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// topicIDOf returns topic's Kafka topic id.
+func topicIDOf(t *testing.T, cl *kgo.Client, topic string) [16]byte {
+	t.Helper()
+	details, err := kadm.NewClient(cl).ListTopics(t.Context(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return [16]byte(details[topic].ID)
 }
