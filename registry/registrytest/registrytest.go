@@ -8,7 +8,9 @@ package registrytest
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
@@ -37,24 +39,29 @@ func Registries(t testing.TB) map[string]string {
 }
 
 // Register registers s under subject at the registry at url and returns
-// its id.
+// its id. Apicurio (the real registry of the suite) has answered first
+// registrations of new subjects "already exists" under load, as it does
+// to registrations that lose a race: such a registration is looked up,
+// then made again, a few times, as registry.NewEncoder's are.
 func Register(t testing.TB, url, subject string, s sr.Schema) int {
 	t.Helper()
 	cl, err := sr.NewClient(sr.URLs(url))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss, err := cl.CreateSchema(context.Background(), subject, s)
-	if err != nil {
-		// Apicurio (the real registry of the suite) once answered a first
-		// registration "already exists" under load: the schema is there,
-		// if it is, under the subject.
+	for attempt := 1; ; attempt++ {
+		ss, err := cl.CreateSchema(context.Background(), subject, s)
+		if err == nil {
+			return ss.ID
+		}
 		if found, lerr := cl.LookupSchema(context.Background(), subject, s); lerr == nil {
 			return found.ID
 		}
-		t.Fatalf("register %s: %v", subject, err)
+		if attempt == 5 || !strings.Contains(err.Error(), "already exists") {
+			t.Fatalf("register %s: %v", subject, err)
+		}
+		time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
 	}
-	return ss.ID
 }
 
 // Frame returns body framed in the Confluent wire format with id and, for
