@@ -186,12 +186,9 @@ func (p *producer) resume() { p.gate.Unlock() }
 // renew, called between pause and resume, replaces the client with a new
 // one for the topic's next incarnation of partitions partitions.
 func (p *producer) renew(partitions int) error {
-	cl, err := newProducerClient(p.brokers)
-	if err != nil {
+	if err := p.grow(partitions); err != nil {
 		return err
 	}
-	p.cl.Close()
-	p.cl, p.parts = cl, int32(partitions)
 	p.inc++
 	return nil
 }
