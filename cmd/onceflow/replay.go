@@ -27,11 +27,12 @@ func newReplayCmd() *cobra.Command {
 		toTime, backfill string
 		toOffsets        []string
 		toStart, dryRun  bool
+		resetOutOfRange  bool
 		risk             bool
 		removeStatic     []string
 	)
 	cmd := &cobra.Command{
-		Use:   "replay (--to-time T | --to-offset TOPIC:PARTITION=OFFSET... | --to-start | --backfill HANDLER) [--dry-run]",
+		Use:   "replay (--to-time T | --to-offset TOPIC:PARTITION=OFFSET... | --to-start | --reset-out-of-range | --backfill HANDLER) [--dry-run]",
 		Short: "Rewind the consumer group (Postgres and Kafka offsets), or backfill one handler; --dry-run counts what it would do",
 		Long: `replay moves the consumer group back, in sink_offsets (with a new epoch,
 fencing any live writer) and in Kafka's committed offsets, so that the
@@ -42,9 +43,21 @@ already in processed_events is skipped, so nothing is applied twice.
                  (2026-12-02T10:00:00Z) or a duration ago (24h)
   --to-offset    an offset per partition, TOPIC:PARTITION=OFFSET, repeatable
   --to-start     the log start
+  --reset-out-of-range
+                 only the partitions whose stored offset is outside their
+                 log today (below its start: deleted by retention; beyond
+                 its end; or of a topic deleted and recreated since), to
+                 their log start, as kafka.offset_out_of_range: earliest
+                 would start them: what a partition left paused (pause)
+                 waits for; the others stay where they are
   --backfill H   for a handler added to 'handlers' after the group ran:
                  rewind (to the log start unless --to-time is given) so that
                  H applies the history while its siblings skip it
+
+A partition whose stored offset is out of range is reset by any target
+that names it (--to-offset names only some): it goes to its log start,
+where a member would start it, with the topic's id today stored; records
+a recreated topic holds are read for the first time, not replayed.
 
 The group must be stopped: replay refuses while it has members. A member
 that crashed (killed, its host lost) stays listed until its session timeout
@@ -77,7 +90,7 @@ before, counted in APPLY, or accepts one it refused before, counted in
 DL-BEFORE. A dead letter recorded before is not written again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			req, err := replayRequest(toTime, toOffsets, toStart, backfill, risk, time.Now())
+			req, err := replayRequest(toTime, toOffsets, toStart, resetOutOfRange, backfill, risk, time.Now())
 			if err != nil {
 				return err
 			}
@@ -130,6 +143,10 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 					return nil
 				}
 				if !plan.Moves() {
+					if req.Target.OutOfRange {
+						fmt.Fprintf(out, "group %s: nothing to reset (every stored offset is in its partition's log)\n", plan.Group)
+						return nil
+					}
 					fmt.Fprintf(out, "group %s: nothing to rewind (every partition is at or before the target)\n", plan.Group)
 					return nil
 				}
@@ -152,6 +169,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 	f.StringVar(&toTime, "to-time", "", "rewind to the first record at or after this time: RFC 3339, or a duration ago (24h)")
 	f.StringArrayVar(&toOffsets, "to-offset", nil, "rewind TOPIC:PARTITION to OFFSET (TOPIC:PARTITION=OFFSET); repeatable")
 	f.BoolVar(&toStart, "to-start", false, "rewind to the log start")
+	f.BoolVar(&resetOutOfRange, "reset-out-of-range", false, "move only the partitions whose stored offset is outside their log (retention, a recreated topic) to their log start")
 	f.StringVar(&backfill, "backfill", "", "backfill this handler: it applies the history its siblings already applied")
 	f.BoolVar(&dryRun, "dry-run", false, "count what the rewind would read, apply and skip; change nothing")
 	f.BoolVar(&risk, "risk-reapplying-effects", false, "allow a rewind older than the dedup horizon, whose effects may be applied again")
@@ -160,7 +178,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 }
 
 // replayRequest builds the request from the flags, with now for "ago".
-func replayRequest(toTime string, toOffsets []string, toStart bool, backfill string, risk bool, now time.Time) (replay.Request, error) {
+func replayRequest(toTime string, toOffsets []string, toStart, resetOutOfRange bool, backfill string, risk bool, now time.Time) (replay.Request, error) {
 	req := replay.Request{Backfill: backfill, RiskReapplyingEffects: risk}
 	if toTime != "" {
 		if d, err := time.ParseDuration(toTime); err == nil {
@@ -188,17 +206,20 @@ func replayRequest(toTime string, toOffsets []string, toStart bool, backfill str
 		req.Target.Offsets[replay.TopicPartition{Topic: topic, Partition: int32(p)}] = o
 	}
 	req.Target.Start = toStart
+	req.Target.OutOfRange = resetOutOfRange
 	n := 0
-	for _, set := range []bool{toTime != "", len(toOffsets) > 0, toStart} {
+	for _, set := range []bool{toTime != "", len(toOffsets) > 0, toStart, resetOutOfRange} {
 		if set {
 			n++
 		}
 	}
 	switch {
 	case n > 1:
-		return req, fmt.Errorf("give one of --to-time, --to-offset, --to-start")
+		return req, fmt.Errorf("give one of --to-time, --to-offset, --to-start, --reset-out-of-range")
 	case n == 0 && backfill == "":
-		return req, fmt.Errorf("say where to rewind: --to-time, --to-offset or --to-start (or --backfill HANDLER)")
+		return req, fmt.Errorf("say where to rewind: --to-time, --to-offset, --to-start or --reset-out-of-range (or --backfill HANDLER)")
+	case resetOutOfRange && backfill != "":
+		return req, fmt.Errorf("--backfill %s reads the history again: give it --to-time, --to-offset or --to-start, not --reset-out-of-range", backfill)
 	}
 	return req, nil
 }
@@ -214,8 +235,11 @@ func cutLast(s, sep string) (string, string, bool) {
 // printPlan prints the plan per partition and, when counted, per handler.
 func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
 	what := "rewind"
-	if plan.Backfill != "" {
+	switch {
+	case plan.Backfill != "":
 		what = "backfill of " + plan.Backfill
+	case req.Target.OutOfRange:
+		what = "reset of the offsets out of range"
 	}
 	verb := "rewound"
 	if dry {
@@ -235,11 +259,17 @@ func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
 	if err := plan.CheckHorizon(req); err != nil {
 		fmt.Fprintf(w, "REFUSED without --risk-reapplying-effects: %v\n", err)
 	}
+	for _, p := range plan.Partitions {
+		if p.Reset != "" {
+			fmt.Fprintf(w, "%s: the stored offset %d is %s: to %d, the topic's id today stored with it; %d record(s) read again\n",
+				p.TopicPartition, p.Current, p.Reset, p.Target, max(0, p.Until-p.Target))
+		}
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	if !dry {
 		fmt.Fprintln(tw, "TOPIC\tPARTITION\tFROM\tTO\tRECORDS")
 		for _, p := range plan.Partitions {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", p.Topic, p.Partition, p.Current, p.Target, max(0, p.Current-p.Target))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", p.Topic, p.Partition, p.Current, p.Target, max(0, p.Until-p.Target))
 		}
 		tw.Flush()
 		return

@@ -98,6 +98,31 @@ func TestReplayCommand(t *testing.T) {
 	if o, ok := got.Lookup("orders", 0); !ok || o.At != 2 {
 		t.Errorf("Kafka committed offset after the rewind = %+v, want 2", o)
 	}
+
+	// --reset-out-of-range moves only a stored offset outside the log.
+	if _, err := runCLI(t, io.Discard, append(args, "--reset-out-of-range", "--backfill", "recommenderHandler")...); err == nil || !strings.Contains(err.Error(), "not --reset-out-of-range") {
+		t.Errorf("a backfill with --reset-out-of-range: err = %v", err)
+	}
+	out, err = runCLI(t, io.Discard, append(args, "--reset-out-of-range")...)
+	if err != nil || !strings.Contains(out, "nothing to reset") {
+		t.Errorf("reset with the offset in range: err = %v, output:\n%s", err, out)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.sink_offsets SET next_offset = 9`); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLI(t, io.Discard, append(args, "--reset-out-of-range", "--dry-run")...)
+	if err != nil || !strings.Contains(out, "orders/0: the stored offset 9 is beyond the log end 5: to 0") {
+		t.Errorf("reset dry run: err = %v, output:\n%s", err, out)
+	}
+	if n := sinktest.Count(t, pool, `SELECT next_offset FROM `+schema+`.sink_offsets`); n != 9 {
+		t.Fatalf("the dry run moved sink_offsets to %d", n)
+	}
+	if out, err = runCLI(t, io.Discard, append(args, "--reset-out-of-range")...); err != nil {
+		t.Fatalf("reset: %v\n%s", err, out)
+	}
+	if n := sinktest.Count(t, pool, `SELECT next_offset FROM `+schema+`.sink_offsets`); n != 0 {
+		t.Errorf("sink_offsets after the reset = %d, want 0 (the log start)", n)
+	}
 }
 
 // `onceflow replay` right after a static member's stop (a SIGTERM's drain)

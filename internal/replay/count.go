@@ -20,7 +20,8 @@ import (
 // once; it bounds Count's memory besides the keys of the range it has seen.
 const countChunk = 5000
 
-// Count reads the records each partition of plan would replay, decodes
+// Count reads the records each partition of plan would replay
+// ([Partition.Target, Partition.Until)), decodes
 // them with Config.Decode, and fills the partition's counts per handler
 // from processed_events and dead_letters, in the order the sink decides:
 // conflicts (a row with another payload digest: the event is refused for
@@ -45,8 +46,8 @@ func (r *Replayer) Count(ctx context.Context, plan *Plan) error {
 			p.Handlers[h] = &PairCounts{}
 		}
 		index[p.TopicPartition] = i
-		if p.Target < p.Current {
-			ranges[p.TopicPartition] = [2]int64{p.Target, p.Current}
+		if p.Replays() {
+			ranges[p.TopicPartition] = [2]int64{p.Target, p.Until}
 		}
 	}
 	seen := map[dedup.Key]dedup.Digest{} // keys the range applies, as it goes

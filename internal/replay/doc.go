@@ -7,13 +7,20 @@
 //
 // A rewind moves, for each partition of the group's topics, the next
 // offset back to a target: the first record at or after a time, an offset
-// given per partition, or the log start. It writes both places a member
+// given per partition, or the log start. A partition whose stored offset
+// is out of range (below its log start, beyond its end, or stored under
+// another topic id: the topic recreated since) goes to its log start,
+// where a member would start it, forward if need be; a rewind of only
+// those partitions (Target.OutOfRange) is what a partition a member left
+// paused waits for. It writes both places a member
 // resumes from, Postgres first (the truth, read on assignment) and then
 // Kafka's committed offsets, and takes a new epoch for every partition it
 // moves, so that a member that slipped in despite the check below is
 // fenced on its next batch and cannot store an offset over the rewind.
-// Every moved partition gets a sink_replays row (from where, to where,
-// which handler, whether forced).
+// Each moved partition whose records the group reads again gets a
+// sink_replays row (from where, to where, which handler, whether forced);
+// the records of a recreated topic are read for the first time. The
+// topic's id today is stored with every target.
 //
 // The group must be stopped: Rewind asks the group coordinator and refuses
 // while the group has members. The brokers list a member that crashed
@@ -23,7 +30,8 @@
 // when that leaves the group empty: it removes nothing when the rewind
 // would be refused anyway. CheckStopped tells, without changing anything,
 // whether a rewind would be refused. A target past the group's position is
-// refused: that would skip records, not replay them.
+// refused: that would skip records, not replay them (a partition out of
+// range is at its log start).
 //
 // # Why replaying is safe, and its horizon
 //

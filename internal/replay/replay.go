@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -151,21 +152,21 @@ type Target struct {
 	Offsets map[TopicPartition]int64
 	// Start: the log start of every partition.
 	Start bool
+	// OutOfRange: the log start of each partition whose stored offset is
+	// outside its log (Partition.Reset), as kafka.offset_out_of_range:
+	// earliest would start it; the other partitions are not moved.
+	OutOfRange bool
 }
 
 func (t Target) validate() error {
 	n := 0
-	if !t.Time.IsZero() {
-		n++
-	}
-	if t.Offsets != nil {
-		n++
-	}
-	if t.Start {
-		n++
+	for _, set := range []bool{!t.Time.IsZero(), t.Offsets != nil, t.Start, t.OutOfRange} {
+		if set {
+			n++
+		}
 	}
 	if n != 1 {
-		return errors.New("replay: give exactly one target: a time, offsets per partition, or the log start")
+		return errors.New("replay: give exactly one target: a time, offsets per partition, the log start, or the log start where the stored offset is out of range")
 	}
 	return nil
 }
@@ -193,6 +194,24 @@ type Partition struct {
 	// Target is the next offset after the rewind (Current when the
 	// partition does not move).
 	Target int64
+	// Reset, when not empty, says why the offset stored in sink_offsets is
+	// not an offset of the partition's log today: below its start (records
+	// deleted by retention), beyond its end, or stored under another topic
+	// id (the topic deleted and recreated since). A member would start
+	// such a partition from its log start or leave it paused
+	// (kafka.offset_out_of_range); the plan moves it whatever its target
+	// (to the log start, or to an offset given for it) and stores today's
+	// topic id with it, so that members resume there.
+	Reset string
+	// Until is where the records the rewind reads again end: Current, or
+	// for a Reset partition the end of what its log still holds of what
+	// the group read (nothing when the topic was recreated). [Target,
+	// Until) is what the group replays; a Reset partition's records from
+	// Until on are read for the first time.
+	Until int64
+	// TopicID is the topic's Kafka id today, stored with the target
+	// (zero when the brokers give none).
+	TopicID uuid.NullUUID
 	// Oldest is the timestamp of the record at Target, read only when a
 	// Horizon is set; zero otherwise or when the range is empty.
 	Oldest time.Time
@@ -254,20 +273,30 @@ type Plan struct {
 }
 
 // Moves reports whether the plan moves any partition.
-func (p *Plan) Moves() bool {
-	return slices.ContainsFunc(p.Partitions, func(x Partition) bool { return x.Target < x.Current })
-}
+func (p *Plan) Moves() bool { return slices.ContainsFunc(p.Partitions, Partition.Moves) }
+
+// Moves reports whether the rewind moves p: back, or, when its stored
+// offset is out of range, to where its log is.
+func (p Partition) Moves() bool { return p.Target < p.Current || p.Reset != "" }
+
+// Replays reports whether the rewind has the group read records of p again.
+func (p Partition) Replays() bool { return p.Target < p.Until }
 
 // Plan resolves req against the group's current position: per partition,
 // where the group is and where it would go. It writes nothing. A target
 // past the group's position is an error (that would skip records); so is
-// a backfill of a handler the group does not run.
+// a backfill of a handler the group does not run. A partition whose stored
+// offset is out of range (Partition.Reset) is where a member would start
+// it, its log start, and goes there or to an offset given for it.
 func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	if req.Backfill != "" && req.Target.Time.IsZero() && req.Target.Offsets == nil && !req.Target.Start {
 		req.Target.Start = true
 	}
 	if err := req.Target.validate(); err != nil {
 		return nil, err
+	}
+	if req.Backfill != "" && req.Target.OutOfRange {
+		return nil, errors.New("replay: a backfill reads the history again: give it a time, offsets or the log start, not only the partitions out of range")
 	}
 	if req.Backfill != "" && !slices.Contains(r.cfg.Handlers, req.Backfill) {
 		return nil, fmt.Errorf("replay: handler %q is not among the group's handlers %v: add it to handlers (and deploy it) first, or the backfill would apply nothing for it",
@@ -303,28 +332,46 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	ids, err := r.topicIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
 	plan := &Plan{Group: r.cfg.Group, Backfill: req.Backfill, Horizon: r.cfg.Horizon}
-	for tp, cur := range current {
-		p := Partition{TopicPartition: tp, Current: cur, Target: cur}
+	for tp, pos := range current {
+		cur := pos.next
+		s, _ := starts.Lookup(tp.Topic, tp.Partition)
+		e, _ := ends.Lookup(tp.Topic, tp.Partition)
+		p := Partition{TopicPartition: tp, Current: cur, Target: cur, Until: cur, TopicID: ids[tp.Topic]}
+		from := cur // where the group goes on from without the rewind
+		if pos.stored {
+			if p.Reset = outOfRange(cur, pos.topicID, p.TopicID, s.Offset, e.Offset); p.Reset != "" {
+				from, p.Target, p.Until = s.Offset, s.Offset, s.Offset
+				if !recreated(pos.topicID, p.TopicID) {
+					p.Until = max(s.Offset, min(cur, e.Offset))
+				}
+			}
+		}
 		switch {
-		case req.Target.Start:
-			s, _ := starts.Lookup(tp.Topic, tp.Partition)
-			p.Target = s.Offset
+		case req.Target.Start, req.Target.OutOfRange:
+			if req.Target.Start || p.Reset != "" {
+				p.Target = s.Offset
+			}
 		case !req.Target.Time.IsZero():
 			a, ok := after.Lookup(tp.Topic, tp.Partition)
 			if !ok || a.Offset < 0 {
-				a, _ = ends.Lookup(tp.Topic, tp.Partition)
+				a = e
 			}
-			p.Target = min(a.Offset, cur) // a time after the position moves nothing
+			p.Target = min(a.Offset, from) // a time after the position moves nothing
 		default:
 			o, ok := req.Target.Offsets[tp]
 			if !ok {
+				p = Partition{TopicPartition: tp, Current: cur, Target: cur, Until: cur, TopicID: p.TopicID} // not moved
 				break
 			}
-			s, _ := starts.Lookup(tp.Topic, tp.Partition)
-			e, _ := ends.Lookup(tp.Topic, tp.Partition)
 			switch {
-			case o > cur:
+			case o > from && p.Reset != "":
+				return nil, fmt.Errorf("replay: %s: offset %d is past the log start %d, where the group goes on from (its stored offset %d is %s): that would skip records", tp, o, from, cur, p.Reset)
+			case o > from:
 				return nil, fmt.Errorf("replay: %s: offset %d is past the group's position %d: that would skip records, not replay them", tp, o, cur)
 			case o < s.Offset || o > e.Offset:
 				return nil, fmt.Errorf("replay: %s: offset %d is outside the log [%d, %d)", tp, o, s.Offset, e.Offset)
@@ -352,14 +399,21 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	return plan, nil
 }
 
+// position is where the group is on one partition.
+type position struct {
+	next    int64
+	stored  bool          // next is sink_offsets'
+	topicID uuid.NullUUID // the topic id stored with next
+}
+
 // current is the group's next offset per partition of its topics:
 // sink_offsets, else Kafka's committed offset, else the log start — where
-// a member would start.
-func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[TopicPartition]int64, error) {
-	out := map[TopicPartition]int64{}
+// a member would start, unless the stored offset is out of range.
+func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[TopicPartition]position, error) {
+	out := map[TopicPartition]position{}
 	starts.Each(func(o kadm.ListedOffset) {
 		if o.Partition >= 0 {
-			out[TopicPartition{o.Topic, o.Partition}] = o.Offset
+			out[TopicPartition{o.Topic, o.Partition}] = position{next: o.Offset}
 		}
 	})
 	committed, err := r.adm.FetchOffsetsForTopics(ctx, r.cfg.Group, r.cfg.Topics...)
@@ -372,19 +426,20 @@ func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[
 	committed.Each(func(o kadm.OffsetResponse) {
 		tp := TopicPartition{o.Topic, o.Partition}
 		if _, ok := out[tp]; ok && o.Err == nil && o.At >= 0 {
-			out[tp] = o.At
+			out[tp] = position{next: o.At}
 		}
 	})
-	rows, err := r.cfg.Pool.Query(ctx, `SELECT topic, partition, next_offset FROM `+r.table("sink_offsets")+`
+	rows, err := r.cfg.Pool.Query(ctx, `SELECT topic, partition, next_offset, topic_id FROM `+r.table("sink_offsets")+`
 WHERE consumer_group = $1 AND topic = ANY($2) AND next_offset IS NOT NULL`, r.cfg.Group, r.cfg.Topics)
 	if err != nil {
 		return nil, fmt.Errorf("replay: read sink_offsets: %w", err)
 	}
 	var tp TopicPartition
-	var next int64
-	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &next}, func() error {
+	var pos position
+	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &pos.next, &pos.topicID}, func() error {
 		if _, ok := out[tp]; ok {
-			out[tp] = next
+			pos.stored = true
+			out[tp] = pos
 		}
 		return nil
 	})
@@ -392,6 +447,44 @@ WHERE consumer_group = $1 AND topic = ANY($2) AND next_offset IS NOT NULL`, r.cf
 		return nil, fmt.Errorf("replay: read sink_offsets: %w", err)
 	}
 	return out, nil
+}
+
+// topicIDs is each of the group's topics' Kafka id, where the brokers give
+// one.
+func (r *Replayer) topicIDs(ctx context.Context) (map[string]uuid.NullUUID, error) {
+	md, err := r.adm.Metadata(ctx, r.cfg.Topics...)
+	if err != nil {
+		return nil, fmt.Errorf("replay: read the metadata of %v: %w", r.cfg.Topics, err)
+	}
+	out := map[string]uuid.NullUUID{}
+	for name, t := range md.Topics {
+		if t.Err == nil && t.ID != (kadm.TopicID{}) {
+			out[name] = uuid.NullUUID{UUID: uuid.UUID(t.ID), Valid: true}
+		}
+	}
+	return out, nil
+}
+
+// recreated reports whether an offset stored under topic id stored is of
+// another topic than the one of id today (both known and different).
+func recreated(stored, id uuid.NullUUID) bool {
+	return stored.Valid && id.Valid && stored.UUID != id.UUID
+}
+
+// outOfRange says why the offset stored for a partition, under topic id
+// storedID, is not an offset of its log [start, end] today (id is the
+// topic's id today), or returns "" when it is one: as a member judges it
+// when it takes the partition.
+func outOfRange(stored int64, storedID, id uuid.NullUUID, start, end int64) string {
+	switch {
+	case recreated(storedID, id):
+		return fmt.Sprintf("of a topic deleted since and recreated under the same name (its topic id changed from %s to %s)", storedID.UUID, id.UUID)
+	case stored < start:
+		return fmt.Sprintf("below the log start %d: the records in between were deleted by retention", start)
+	case stored > end:
+		return fmt.Sprintf("beyond the log end %d", end)
+	}
+	return ""
 }
 
 // keptSince is the start of the oldest live dedup slice when slice 0 has
@@ -417,7 +510,7 @@ func (r *Replayer) keptSince(ctx context.Context, q interface {
 func (r *Replayer) readOldest(ctx context.Context, plan *Plan) error {
 	ranges := map[TopicPartition][2]int64{}
 	for _, p := range plan.Partitions {
-		if p.Target < p.Current {
+		if p.Replays() {
 			ranges[p.TopicPartition] = [2]int64{p.Target, p.Target + 1}
 		}
 	}
@@ -479,7 +572,7 @@ func (p *Plan) checkHorizon(now time.Time, forced bool) error {
 		return nil
 	}
 	for _, x := range p.Partitions {
-		if x.Target < x.Current && !x.Oldest.IsZero() && x.Oldest.Before(cutoff) {
+		if x.Replays() && !x.Oldest.IsZero() && x.Oldest.Before(cutoff) {
 			e := &HorizonError{Partition: x.TopicPartition, Offset: x.Target, Oldest: x.Oldest, Horizon: p.Horizon}
 			if kept {
 				e.KeptSince = p.KeptSince

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/onceflow/onceflow/dedup"
@@ -15,8 +16,10 @@ import (
 // Rewind performs plan: it checks that the group is stopped and that the
 // plan stays within the dedup horizon (unless req forces it), then, for
 // every partition that moves, in one Postgres transaction stores the
-// target in sink_offsets with a new epoch and records a sink_replays row,
-// and then commits the targets to Kafka for the group. A partition whose
+// target in sink_offsets with a new epoch and the topic's id today, and
+// records a sink_replays row for each partition whose records the group
+// reads again (Partition.Replays), and then commits the targets to Kafka
+// for the group. A partition whose
 // stored offset is no longer the plan's Current (the group consumed since
 // the plan) makes the whole rewind fail with nothing changed.
 //
@@ -31,19 +34,26 @@ func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 	if err := r.CheckStopped(ctx); err != nil {
 		return err
 	}
-	moves := slices.DeleteFunc(slices.Clone(plan.Partitions), func(p Partition) bool { return p.Target >= p.Current })
+	moves := slices.DeleteFunc(slices.Clone(plan.Partitions), func(p Partition) bool { return !p.Moves() })
 	if len(moves) == 0 {
 		return nil
 	}
+	replays := slices.DeleteFunc(slices.Clone(moves), func(p Partition) bool { return !p.Replays() })
 	forced := req.RiskReapplyingEffects && plan.checkHorizon(time.Now(), false) != nil
 	var handler *string
 	if plan.Backfill != "" {
 		handler = &plan.Backfill
 	}
 	n := len(moves)
-	topics, parts, targets, currents := make([]string, n), make([]int32, n), make([]int64, n), make([]int64, n)
+	topics, parts, targets, ids := make([]string, n), make([]int32, n), make([]int64, n), make([]pgtype.UUID, n)
 	for i, p := range moves {
-		topics[i], parts[i], targets[i], currents[i] = p.Topic, p.Partition, p.Target, p.Current
+		topics[i], parts[i], targets[i] = p.Topic, p.Partition, p.Target
+		ids[i] = pgtype.UUID{Bytes: p.TopicID.UUID, Valid: p.TopicID.Valid}
+	}
+	n = len(replays)
+	rTopics, rParts, rTargets, rFroms := make([]string, n), make([]int32, n), make([]int64, n), make([]int64, n)
+	for i, p := range replays {
+		rTopics[i], rParts[i], rTargets[i], rFroms[i] = p.Topic, p.Partition, p.Target, p.Until
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
@@ -66,16 +76,17 @@ func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 		if err := r.checkUnmoved(pctx, tx, moves); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_offsets")+` AS o (consumer_group, topic, partition, next_offset, epoch)
-SELECT $1, m.topic, m.partition, m.target, 1 FROM unnest($2::text[], $3::int[], $4::bigint[]) AS m(topic, partition, target)
+		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_offsets")+` AS o (consumer_group, topic, partition, next_offset, epoch, topic_id)
+SELECT $1, m.topic, m.partition, m.target, 1, m.topic_id FROM unnest($2::text[], $3::int[], $4::bigint[], $5::uuid[]) AS m(topic, partition, target, topic_id)
 ORDER BY m.topic, m.partition
-ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, epoch = o.epoch + 1, updated_at = now()`,
-			r.cfg.Group, topics, parts, targets); err != nil {
+ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = excluded.next_offset, epoch = o.epoch + 1,
+  topic_id = coalesce(excluded.topic_id, o.topic_id), updated_at = now()`,
+			r.cfg.Group, topics, parts, targets, ids); err != nil {
 			return fmt.Errorf("store the targets in sink_offsets: %w", err)
 		}
 		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_replays")+` (consumer_group, topic, partition, from_offset, to_offset, handler, forced)
-SELECT $1, m.topic, m.partition, m.current, m.target, $5, $6 FROM unnest($2::text[], $3::int[], $4::bigint[], $7::bigint[]) AS m(topic, partition, target, current)`,
-			r.cfg.Group, topics, parts, targets, handler, forced, currents); err != nil {
+SELECT $1, m.topic, m.partition, m.from_offset, m.target, $5, $6 FROM unnest($2::text[], $3::int[], $4::bigint[], $7::bigint[]) AS m(topic, partition, target, from_offset)`,
+			r.cfg.Group, rTopics, rParts, rTargets, handler, forced, rFroms); err != nil {
 			return fmt.Errorf("record the rewind in sink_replays: %w", err)
 		}
 		return nil
