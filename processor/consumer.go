@@ -188,6 +188,14 @@ type partition struct {
 	retakeAt time.Time // when w is nil after a fence: when to take the partition again
 	hw       int64     // last stable offset at the last fetch, else at assignment; -1 when unknown
 	start    int64     // log start at assignment: where a worker with no next offset starts
+	fetched  int64     // the offset after the last record fetched for w; 0 before any
+	// outOfRange is set while a fetch of w's that the brokers answered
+	// OFFSET_OUT_OF_RANGE waits for the watch to read the log's bounds
+	// (noteOutOfRange); resetTo, once they are read under
+	// ResumeAtLogStart, is the log start the poll loop moves the
+	// partition's fetching to (resetDue). -1: none.
+	outOfRange bool
+	resetTo    int64
 }
 
 // New validates cfg and returns a Consumer. Every problem is reported.
@@ -473,7 +481,13 @@ func (c *Consumer) clientOptions() []kgo.Opt {
 		kgo.ClientID(c.cfg.ClientID),
 		kgo.ConsumerGroup(c.cfg.Group),
 		kgo.ConsumeTopics(c.cfg.Topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.ConsumeStartOffset(kgo.NewOffset().AtStart()),
+		// A fetch the brokers answer OFFSET_OUT_OF_RANGE (the log start
+		// passed what the member has fetched: retention or DeleteRecords
+		// deleted records it had not read) comes back as an error, not
+		// reset by the client without a word: the member says it, counts
+		// it, and follows kafka.offset_out_of_range (noteOutOfRange).
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		// Read committed, as Kafka's own consumers of transactional
 		// producers are told to: the records of an aborted or open
 		// transaction are never applied. The control records (a

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -816,4 +817,109 @@ func (l *logRecorder) problems() int {
 		}
 	}
 	return n
+}
+
+// The log start passing a member's fetch offset while it works — records
+// deleted (retention, DeleteRecords) before it fetched them — is a finding
+// as a stored offset out of range is: an error naming the partition and
+// both offsets, counted, and kafka.offset_out_of_range followed: earliest
+// goes on from the log start; pause writes what was fetched before and
+// leaves the partition paused, its lag its whole log, until its offsets
+// are reset. The member's Kafka client used to move to the log start with
+// only its own warning, whatever the policy.
+func TestLogStartPassesTheFetchOffset(t *testing.T) {
+	for _, policy := range []processor.OutOfRange{processor.ResumeAtLogStart, processor.PauseOnOutOfRange} {
+		t.Run(string(policy), func(t *testing.T) {
+			eachBroker(t, func(t *testing.T, b broker) {
+				e := newEnv(t, b, 1)
+				first, err := orders.Generate(3000, 0, 21)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// In small record batches, so that the member's fetches
+				// (of a few KiB) stop far behind the end.
+				small := e.client(kgo.DefaultProduceTopic(e.topic), kgo.ProducerBatchMaxBytes(2<<10))
+				recs := make([]*kgo.Record, len(first.Messages))
+				for i, m := range first.Messages {
+					recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
+				}
+				if err := small.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+					t.Fatalf("produce: %v", err)
+				}
+				// The member's first batch waits for this lock while its
+				// queue fills and its fetching pauses, far behind the end.
+				lock, err := e.pool.Begin(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer lock.Rollback(context.Background()) //nolint:errcheck
+				if _, err := lock.Exec(t.Context(), `LOCK TABLE `+e.schema+`.emails_sent IN ACCESS EXCLUSIVE MODE`); err != nil {
+					t.Fatal(err)
+				}
+				logs := &logRecorder{}
+				cfg := e.config(string(policy))
+				cfg.Logger = slog.New(logs)
+				cfg.OffsetOutOfRange = policy
+				cfg.FetchMaxPartitionBytes = 4 << 10
+				m := e.start(cfg, e.writer(0))
+				e.waitBlockedBy(lock, 60*time.Second)
+				for last, stable := int64(-1), 0; stable < 5; time.Sleep(200 * time.Millisecond) {
+					if q := m.c.Stats().QueuedRecords; q == last && q > 0 {
+						stable++
+					} else {
+						last, stable = q, 0
+					}
+				}
+				var o kadm.Offsets
+				o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 3000})
+				resp, err := kadm.NewClient(e.client()).DeleteRecords(t.Context(), o)
+				if err == nil {
+					err = resp.Error()
+				}
+				if err != nil {
+					t.Fatalf("delete records: %v", err)
+				}
+				more, err := orders.Generate(50, 0, 22)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e.produceMessages(more.Messages)
+				if err := lock.Rollback(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+
+				rec := waitLogged(t, logs, slog.LevelError, "fetch offset is below the log start", 60*time.Second)
+				at, err := strconv.ParseInt(rec["fetch_offset"], 10, 64)
+				if err != nil || at <= 0 || at >= 3000 || rec["log_start"] != "3000" || rec["partition"] != "0" {
+					t.Fatalf("the finding's line: %v; want the fetch offset below 3000, the log start 3000, partition 0", rec)
+				}
+				if got := m.c.Stats().OffsetsOutOfRange; got != 1 {
+					t.Errorf("out-of-range findings: %d, want 1", got)
+				}
+				if policy == processor.ResumeAtLogStart {
+					e.waitProcessed(at+50, 60*time.Second)
+				} else {
+					for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+						lag := m.c.Lag()
+						if m.c.Stats().Workers == 0 && len(lag) == 1 && lag[0].Lag == 50 {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("30s after the finding: %d workers, lag %+v; want the partition paused, its lag its log (50)", m.c.Stats().Workers, lag)
+						}
+					}
+					time.Sleep(time.Second) // nothing more is written
+				}
+				m.stop(t)
+				want := at // what was fetched before the deletion, written
+				if policy == processor.ResumeAtLogStart {
+					want += 50
+				}
+				if got := e.processed(); got != want {
+					t.Errorf("applied %d events, want %d (offsets below %d, fetched before the deletion%s)", got, want, at,
+						map[bool]string{true: ", and the 50 after it", false: ""}[policy == processor.ResumeAtLogStart])
+				}
+			})
+		})
+	}
 }

@@ -62,6 +62,10 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 			if errors.Is(err, kerr.UnknownTopicID) && !slices.Contains(gone, topic) {
 				gone = append(gone, topic)
 			}
+			if isOutOfRange(err) {
+				c.noteOutOfRange(tp{topic, partition}) // said once its log's bounds are read
+				return
+			}
 			// Said once per repeatWindow per partition and error: a
 			// deleted or refused topic fails every poll.
 			if ok, held := c.repeats.allow(fmt.Sprint("fetch", topic, partition, err), time.Now()); ok {
@@ -70,6 +74,7 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 		})
 		fetches.EachPartition(c.route)
 		c.retakeDue(ctx, cl)
+		c.resetDue(cl)
 		c.readd(cl, gone, c.recreatedTopics(), readdedAt)
 		cl.AllowRebalance()
 	}
@@ -92,6 +97,7 @@ func (c *Consumer) route(p kgo.FetchTopicPartition) {
 			part.hw = min(p.HighWatermark, p.LastStableOffset)
 		}
 		w = part.w
+		part.fetched = p.Records[len(p.Records)-1].Offset + 1
 	}
 	c.mu.Unlock()
 	switch {

@@ -54,7 +54,7 @@ func (w *worker) enqueue(recs []*kgo.Record) {
 // from the queue. It reports false when the worker is told to stop, even
 // with batches due: a stopping worker starts none (what is queued is the
 // next owner's to read), so a revoke or a shutdown waits for the batch in
-// flight only.
+// flight only; and when an ending worker's queue is empty.
 func (w *worker) nextBatch() ([]*kgo.Record, bool) {
 	cfg := &w.c.cfg
 	for {
@@ -64,8 +64,11 @@ func (w *worker) nextBatch() ([]*kgo.Record, bool) {
 		default:
 		}
 		w.mu.Lock()
-		n, size, first := len(w.queue), w.qbytes, w.firstAt
+		n, size, first, ending := len(w.queue), w.qbytes, w.firstAt, w.ending
 		w.mu.Unlock()
+		if n == 0 && ending {
+			return nil, false
+		}
 		wait := cfg.BatchLinger - time.Since(first)
 		if n > 0 && (n >= cfg.BatchMaxRecords || size >= cfg.BatchMaxBytes || wait <= 0) {
 			return w.take(), true
@@ -92,7 +95,8 @@ func (w *worker) nextBatch() ([]*kgo.Record, bool) {
 }
 
 // take removes one batch from the head of the queue, resuming the
-// partition's fetching once the queue is back under half its high water.
+// partition's fetching once the queue is back under half its high water
+// (unless the worker is ending: see endAfterQueue).
 func (w *worker) take() []*kgo.Record {
 	cfg := &w.c.cfg
 	maxRecs, maxBytes := w.highWater()
@@ -114,9 +118,22 @@ func (w *worker) take() []*kgo.Record {
 	} else {
 		w.firstAt = time.Now()
 	}
-	if w.paused && len(w.queue) < maxRecs/2 && w.qbytes < maxBytes/2 {
+	if w.paused && !w.ending && len(w.queue) < maxRecs/2 && w.qbytes < maxBytes/2 {
 		w.paused = false
 		w.c.cl.ResumeFetchPartitions(map[string][]int32{w.key.topic: {w.key.partition}})
 	}
 	return batch
+}
+
+// endAfterQueue has the worker write what is queued and then exit (its
+// partition is then paused: Consumer.endedAfterQueue). Its fetching must
+// be paused already: the worker no longer resumes it.
+func (w *worker) endAfterQueue() {
+	w.mu.Lock()
+	w.ending = true
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }

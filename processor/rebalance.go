@@ -147,7 +147,7 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	part := &partition{hw: -1}
+	part := &partition{hw: -1, resetTo: -1}
 	if b.known {
 		part.hw, part.start = b.stable, b.start
 	}
@@ -217,7 +217,7 @@ func (c *Consumer) retakeDue(ctx context.Context, cl *kgo.Client) {
 			c.log.Warn("take partition again after a fence", "topic", k.topic, "partition", k.partition, "err", err)
 			continue
 		}
-		part.retakeAt = time.Time{}
+		part.retakeAt, part.fetched = time.Time{}, 0
 		part.w = c.newWorker(k, leases[k.partition], start)
 		c.mu.Unlock()
 		cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{k.topic: {k.partition: {Epoch: -1, Offset: start}}})

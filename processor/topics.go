@@ -208,6 +208,7 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 				cl.ForceMetadataRefresh()
 			}
 			c.refreshPaused(ctx)
+			c.settleOutOfRange(ctx)
 		}
 		select {
 		case <-ctx.Done():

@@ -83,6 +83,7 @@ type worker struct {
 	qbytes  int
 	firstAt time.Time // when the oldest queued record arrived
 	paused  bool      // the partition's fetching is paused because the queue is full
+	ending  bool      // write what is queued, then exit (endAfterQueue)
 
 	wake chan struct{} // size 1: records were queued
 	quit chan struct{} // closed to stop the worker
@@ -115,8 +116,16 @@ func (w *worker) run() {
 	defer close(w.done)
 	defer w.cancel()
 	defer w.c.stats.workers.Add(-1)
-	if w.loop() == fenced {
+	switch w.loop() {
+	case fenced:
 		w.c.fenced(w)
+	case stopped:
+		w.mu.Lock()
+		ending := w.ending
+		w.mu.Unlock()
+		if ending && !w.stopping() {
+			w.c.endedAfterQueue(w)
+		}
 	}
 }
 
