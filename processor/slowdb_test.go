@@ -231,3 +231,72 @@ func TestTimedOutBatchIsWrittenSmaller(t *testing.T) {
 		t.Errorf("no batch was retried smaller; log: %v", log.messages())
 	}
 }
+
+// Round trips long against the transaction's time (40 ms each way, a
+// transaction of 2 s: some 25 round trips), and one record in ten bad: an
+// isolation that halves its way down to the batch's first event takes more
+// round trips than a transaction has, so it timed out before it could
+// commit anything, and the batch was tried again whole, for ever. A
+// timed-out isolation now has the batch retried smaller and isolated from
+// the start, event by event: every good record applies once, every bad one
+// is a dead letter once, and the stored offset reaches the end.
+func TestIsolationOnLongRoundTrips(t *testing.T) {
+	const n = 40
+	e := newEnv(t, broker{name: "kfake", start: startKfake}, 1)
+	payments := pgx.Identifier{e.schema, "payments"}.Sanitize()
+	if _, err := e.pool.Exec(t.Context(), `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay",
+		SQL: `INSERT INTO ` + payments + ` SELECT event_id, (payload->>'amount')::numeric FROM events`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &logRecorder{}
+	cfg := e.config("slow")
+	cfg.Logger = slog.New(log)
+	cfg.BatchMaxRecords = n
+	cfg.BatchLinger = 200 * time.Millisecond
+	w, err := sink.New(slowPool(t, 40*time.Millisecond), sink.Config{Schema: e.schema, Group: e.group,
+		Handlers: []sink.Handler{h}, TxTimeout: 2 * time.Second, IdleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := make([]*kgo.Record, n)
+	bad := 0
+	for i := range recs {
+		v := []byte(`{"amount":"1"}`)
+		if i%10 == 3 {
+			v, bad = fmt.Appendf(nil, `{"amount":"bad-%d"}`, i), bad+1
+		}
+		recs[i] = wire.NewRecord(e.topic, uuid.New(), v)
+	}
+	e.produce(recs...)
+	start := time.Now()
+	e.start(cfg, w)
+	const patience = 240 * time.Second
+	for deadline := time.Now().Add(patience); ; time.Sleep(100 * time.Millisecond) {
+		stored := sinktest.Count(t, e.pool, `SELECT coalesce(max(next_offset), -1) FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1`, e.group)
+		if stored >= n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: stored offset %d of %d, %d payments, %d dead letters: the batch does not get through", patience, stored, n,
+				sinktest.Count(t, e.pool, `SELECT count(*) FROM `+payments),
+				sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.dead_letters`))
+		}
+	}
+	t.Logf("%d records, %d bad, through in %v", n, bad, time.Since(start).Round(100*time.Millisecond))
+	if got := sinktest.Count(t, e.pool, `SELECT count(DISTINCT event_id) FROM `+payments); got != int64(n-bad) {
+		t.Errorf("distinct events paid: %d, want %d", got, n-bad)
+	}
+	if got := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+payments); got != int64(n-bad) {
+		t.Errorf("payments: %d, want %d", got, n-bad)
+	}
+	if got := sinktest.Count(t, e.pool, `SELECT count(DISTINCT "offset") FROM `+e.schema+`.dead_letters WHERE reason LIKE '%SQLSTATE 22P02%'`); got != int64(bad) {
+		t.Errorf("bad records dead-lettered: %d, want %d", got, bad)
+	}
+	if got := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.dead_letters`); got != int64(bad) {
+		t.Errorf("dead letters: %d, want %d", got, bad)
+	}
+}

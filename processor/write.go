@@ -174,6 +174,13 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 		span.RecordError(err)
 		class := sink.Classify(err)
 		shrink := class == sink.Transient && sink.IsTimeout(err) && len(part) > 1
+		var ite *sink.IsolationTimeoutError
+		if errors.As(err, &ite) {
+			// Its round trips are long against the transaction's time:
+			// the retry isolates from the start, event by event once a
+			// group fails, and commits the prefix it settles in time.
+			w.dense = true
+		}
 		switch {
 		case class == sink.Fenced:
 			w.c.stats.fenced.Add(1)

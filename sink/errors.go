@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -133,6 +134,10 @@ func Classify(err error) Class {
 	case errors.Is(err, ErrFenced):
 		return Fenced
 	}
+	var ite *IsolationTimeoutError
+	if errors.As(err, &ite) {
+		return Transient
+	}
 	var reject *RejectError
 	if errors.As(err, &reject) {
 		return Data
@@ -197,6 +202,10 @@ func IsTimeout(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
+	var ite *IsolationTimeoutError
+	if errors.As(err, &ite) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code == "57014"
@@ -259,3 +268,24 @@ func rejects(err error) []*RejectError {
 	walk(err)
 	return out
 }
+
+// IsolationTimeoutError is a Write whose isolation of culprits (the
+// batch's second transaction, or its first with [Batch.Isolate]) ran out of
+// its transaction's time (Config.TxTimeout) before it committed: its round
+// trips are long against TxTimeout, and halving the batch's events down to
+// its first one, before any can be committed, took more of them than the
+// transaction had. It is a [Transient] timeout ([IsTimeout]): the caller
+// retries the batch smaller and with Batch.Isolate, which settles the
+// events one by one from the first once a group fails, so that each
+// transaction commits a prefix (Batch.AllowPrefix) as long as one event
+// and the commit fit in TxTimeout.
+type IsolationTimeoutError struct {
+	TxTimeout time.Duration
+	Err       error // what the isolation's transaction failed with
+}
+
+func (e *IsolationTimeoutError) Error() string {
+	return fmt.Sprintf("isolating the batch's culprits ran out of its transaction's time (postgres.tx_timeout %v): %v", e.TxTimeout, e.Err)
+}
+
+func (e *IsolationTimeoutError) Unwrap() error { return e.Err }

@@ -249,7 +249,15 @@ func (e *commitError) Unwrap() error { return e.err }
 // transaction runs one transaction: apply (or isolate), dead letters (b's,
 // the cache's conflicts, and the events refused in it), offset
 // compare-and-set, commit.
-func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conflicts []DeadLetter, isolate bool) (outcome, error) {
+func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conflicts []DeadLetter, isolate bool) (_ outcome, err error) {
+	if isolate {
+		parent := ctx
+		defer func() {
+			if err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				err = &IsolationTimeoutError{TxTimeout: w.cfg.TxTimeout, Err: err}
+			}
+		}()
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.TxTimeout)
 	defer cancel()
