@@ -832,44 +832,11 @@ func TestLogStartPassesTheFetchOffset(t *testing.T) {
 		t.Run(string(policy), func(t *testing.T) {
 			eachBroker(t, func(t *testing.T, b broker) {
 				e := newEnv(t, b, 1)
-				first, err := orders.Generate(3000, 0, 21)
-				if err != nil {
-					t.Fatal(err)
-				}
-				// In small record batches, so that the member's fetches
-				// (of a few KiB) stop far behind the end.
-				small := e.client(kgo.DefaultProduceTopic(e.topic), kgo.ProducerBatchMaxBytes(2<<10))
-				recs := make([]*kgo.Record, len(first.Messages))
-				for i, m := range first.Messages {
-					recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
-				}
-				if err := small.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
-					t.Fatalf("produce: %v", err)
-				}
-				// The member's first batch waits for this lock while its
-				// queue fills and its fetching pauses, far behind the end.
-				lock, err := e.pool.Begin(t.Context())
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer lock.Rollback(context.Background()) //nolint:errcheck
-				if _, err := lock.Exec(t.Context(), `LOCK TABLE `+e.schema+`.emails_sent IN ACCESS EXCLUSIVE MODE`); err != nil {
-					t.Fatal(err)
-				}
 				logs := &logRecorder{}
 				cfg := e.config(string(policy))
 				cfg.Logger = slog.New(logs)
 				cfg.OffsetOutOfRange = policy
-				cfg.FetchMaxPartitionBytes = 4 << 10
-				m := e.start(cfg, e.writer(0))
-				e.waitBlockedBy(lock, 60*time.Second)
-				for last, stable := int64(-1), 0; stable < 5; time.Sleep(200 * time.Millisecond) {
-					if q := m.c.Stats().QueuedRecords; q == last && q > 0 {
-						stable++
-					} else {
-						last, stable = q, 0
-					}
-				}
+				m, lock := e.startBehind(cfg)
 				var o kadm.Offsets
 				o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 3000})
 				resp, err := kadm.NewClient(e.client()).DeleteRecords(t.Context(), o)
@@ -922,4 +889,75 @@ func TestLogStartPassesTheFetchOffset(t *testing.T) {
 			})
 		})
 	}
+}
+
+// startBehind produces 3000 orders to partition 0 in small record batches,
+// then starts a member with cfg (its fetches of 4 KiB) whose first batch
+// waits for a lock on emails_sent held by the transaction it returns,
+// once its queue is full and its fetching paused, far behind the end
+// (about 400 records fetched). Rolling the transaction back lets it go on.
+func (e *env) startBehind(cfg processor.Config) (*member, pgx.Tx) {
+	e.t.Helper()
+	first, err := orders.Generate(3000, 0, 21)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	small := e.client(kgo.DefaultProduceTopic(e.topic), kgo.ProducerBatchMaxBytes(2<<10))
+	recs := make([]*kgo.Record, len(first.Messages))
+	for i, m := range first.Messages {
+		recs[i] = wire.NewRecord(e.topic, m.ID, m.Value)
+	}
+	if err := small.ProduceSync(e.t.Context(), recs...).FirstErr(); err != nil {
+		e.t.Fatalf("produce: %v", err)
+	}
+	lock, err := e.pool.Begin(e.t.Context())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = lock.Rollback(context.Background()) })
+	if _, err := lock.Exec(e.t.Context(), `LOCK TABLE `+e.schema+`.emails_sent IN ACCESS EXCLUSIVE MODE`); err != nil {
+		e.t.Fatal(err)
+	}
+	cfg.FetchMaxPartitionBytes = 4 << 10
+	m := e.start(cfg, e.writer(0))
+	e.waitBlockedBy(lock, 60*time.Second)
+	for last, stable := int64(-1), 0; stable < 5; time.Sleep(200 * time.Millisecond) {
+		if q := m.c.Stats().QueuedRecords; q == last && q > 0 {
+			stable++
+		} else {
+			last, stable = q, 0
+		}
+	}
+	if q := m.c.Stats().QueuedRecords; q >= 3000 {
+		e.t.Fatalf("the member queued all %d records: its fetches were to stop far behind", q)
+	}
+	return m, lock
+}
+
+// A partition's lag counts what its log holds beyond the worker's next
+// offset, also while its fetching is paused because its worker's queue is
+// full (a slow database): the log's end is read again every few seconds,
+// where it was the high watermark of the last fetch, stale for as long
+// as the worker took to work through its queue (bb13: 9 420 shown, 29 420
+// unread).
+func TestLagWhileTheQueueIsFull(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		m, _ := e.startBehind(e.config("behind"))
+		more, err := orders.Generate(1000, 0, 23)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(more.Messages)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			lag := m.c.Lag()
+			if len(lag) == 1 && lag[0].Lag == 4000 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("lag 30s after the log grew to 4000 records, none written: %+v; want 4000", lag)
+			}
+		}
+		m.stop(t)
+	})
 }

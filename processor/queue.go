@@ -137,3 +137,11 @@ func (w *worker) endAfterQueue() {
 	default:
 	}
 }
+
+// queueFull reports whether the worker has paused its partition's
+// fetching because its queue is full.
+func (w *worker) queueFull() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.paused
+}

@@ -218,15 +218,18 @@ func (c *Consumer) watchBrokers(ctx context.Context, cl *kgo.Client) {
 	}
 }
 
-// refreshPaused reads again the log bounds of the partitions left paused
-// because their stored offset was out of range (PauseOnOutOfRange): no
-// fetch brings their last stable offset, and their lag (Lag) is their
-// whole log as it grows — a recreated topic found empty gets records.
+// refreshPaused reads again the log bounds of the partitions whose
+// fetching is paused, which no fetch brings: those left paused because
+// their stored offset was out of range (PauseOnOutOfRange), whose lag
+// (Lag) is their whole log as it grows — a recreated topic found empty
+// gets records —, and those paused while their worker's queue is full,
+// whose lag grows with their log's end while the worker works through the
+// queue (a slow database).
 func (c *Consumer) refreshPaused(ctx context.Context) {
 	paused := map[string]map[int32]sink.Lease{}
 	c.mu.Lock()
 	for k, p := range c.parts {
-		if p.w == nil && p.retakeAt.IsZero() {
+		if p.w == nil && p.retakeAt.IsZero() || p.w != nil && p.w.queueFull() {
 			if paused[k.topic] == nil {
 				paused[k.topic] = map[int32]sink.Lease{}
 			}
@@ -238,8 +241,12 @@ func (c *Consumer) refreshPaused(ctx context.Context) {
 		bounds := c.logBounds(ctx, topic, ps)
 		c.mu.Lock()
 		for p, b := range bounds {
-			if part := c.parts[tp{topic, p}]; part != nil && part.w == nil && part.retakeAt.IsZero() {
+			switch part := c.parts[tp{topic, p}]; {
+			case part == nil:
+			case part.w == nil && part.retakeAt.IsZero():
 				part.hw, part.start = b.stable, b.start
+			case part.w != nil:
+				part.hw = max(part.hw, b.stable) // a fetch may have brought a later one meanwhile
 			}
 		}
 		c.mu.Unlock()
