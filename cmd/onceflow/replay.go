@@ -117,6 +117,10 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 					return err
 				}
 				out := cmd.OutOrStdout()
+				if dryRun && req.Target.OutOfRange && !plan.Moves() {
+					fmt.Fprintf(out, "group %s: nothing to reset (no stored offset is outside its partition's log; dry run)\n", plan.Group)
+					return nil
+				}
 				if dryRun {
 					if err := r.Count(ctx, plan); err != nil {
 						return err
@@ -144,7 +148,7 @@ DL-BEFORE. A dead letter recorded before is not written again.`,
 				}
 				if !plan.Moves() {
 					if req.Target.OutOfRange {
-						fmt.Fprintf(out, "group %s: nothing to reset (every stored offset is in its partition's log)\n", plan.Group)
+						fmt.Fprintf(out, "group %s: nothing to reset (no stored offset is outside its partition's log)\n", plan.Group)
 						return nil
 					}
 					fmt.Fprintf(out, "group %s: nothing to rewind (every partition is at or before the target)\n", plan.Group)
@@ -260,10 +264,18 @@ func printPlan(w io.Writer, plan *replay.Plan, req replay.Request, dry bool) {
 		fmt.Fprintf(w, "REFUSED without --risk-reapplying-effects: %v\n", err)
 	}
 	for _, p := range plan.Partitions {
-		if p.Reset != "" {
-			fmt.Fprintf(w, "%s: the stored offset %d is %s: to %d, the topic's id today stored with it; %d record(s) read again\n",
-				p.TopicPartition, p.Current, p.Reset, p.Target, max(0, p.Until-p.Target))
+		switch {
+		case p.Reset:
+			fmt.Fprintf(w, "%s: the stored offset %d is %s: to %d, the topic's id today stored with it; %d record(s) read again, %d read for the first time\n",
+				p.TopicPartition, p.Current, p.OutOfRange, p.Target, max(0, p.Until-p.Target), max(0, p.End-max(p.Until, p.Target)))
+		case p.OutOfRange != "":
+			fmt.Fprintf(w, "%s: the stored offset %d is %s; not named, it stays so (a member starts it at its log start or leaves it paused, per kafka.offset_out_of_range)\n",
+				p.TopicPartition, p.Current, p.OutOfRange)
 		}
+	}
+	for _, g := range plan.Gone {
+		fmt.Fprintf(w, "%s: the topic has no such partition any more (recreated with fewer): its stored offset %d is cleared, so that a partition %d added later starts from its log start\n",
+			g.TopicPartition, g.Stored, g.Partition)
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	if !dry {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,6 +123,15 @@ func TestReplayCommand(t *testing.T) {
 	}
 	if n := sinktest.Count(t, pool, `SELECT next_offset FROM `+schema+`.sink_offsets`); n != 0 {
 		t.Errorf("sink_offsets after the reset = %d, want 0 (the log start)", n)
+	}
+	if out, err = runCLI(t, io.Discard, append(args, "--reset-out-of-range", "--dry-run")...); err != nil || !strings.Contains(out, "nothing to reset") {
+		t.Errorf("reset dry run with nothing out of range: err = %v, output:\n%s", err, out)
+	}
+	// A topic of the group the brokers do not have is named.
+	missing := append(slices.Clone(args), "--to-start")
+	missing[slices.Index(missing, "orders")] = "orders,gone-topic"
+	if _, err := runCLI(t, io.Discard, missing...); err == nil || !strings.Contains(err.Error(), "do not have the group's topic(s) [gone-topic]") {
+		t.Errorf("replay of a group with a missing topic: err = %v", err)
 	}
 }
 

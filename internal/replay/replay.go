@@ -153,7 +153,7 @@ type Target struct {
 	// Start: the log start of every partition.
 	Start bool
 	// OutOfRange: the log start of each partition whose stored offset is
-	// outside its log (Partition.Reset), as kafka.offset_out_of_range:
+	// outside its log (Partition.OutOfRange), as kafka.offset_out_of_range:
 	// earliest would start it; the other partitions are not moved.
 	OutOfRange bool
 }
@@ -194,20 +194,26 @@ type Partition struct {
 	// Target is the next offset after the rewind (Current when the
 	// partition does not move).
 	Target int64
-	// Reset, when not empty, says why the offset stored in sink_offsets is
-	// not an offset of the partition's log today: below its start (records
-	// deleted by retention), beyond its end, or stored under another topic
-	// id (the topic deleted and recreated since). A member would start
-	// such a partition from its log start or leave it paused
-	// (kafka.offset_out_of_range); the plan moves it whatever its target
-	// (to the log start, or to an offset given for it) and stores today's
-	// topic id with it, so that members resume there.
-	Reset string
+	// OutOfRange, when not empty, says why the offset stored in
+	// sink_offsets is not an offset of the partition's log today: below
+	// its start (records deleted by retention or DeleteRecords), beyond
+	// its end, or stored under another topic id (the topic deleted and
+	// recreated since). A member starts such a partition from its log
+	// start or leaves it paused (kafka.offset_out_of_range).
+	OutOfRange string
+	// Reset: the partition is out of range and the plan moves it
+	// whatever its target (to its log start, or to an offset given for
+	// it there), storing today's topic id with it, so that members resume
+	// there. A partition out of range that a target does not name
+	// (--to-offset of others) is not reset.
+	Reset bool
+	// End is the partition's log end today.
+	End int64
 	// Until is where the records the rewind reads again end: Current, or
 	// for a Reset partition the end of what its log still holds of what
 	// the group read (nothing when the topic was recreated). [Target,
 	// Until) is what the group replays; a Reset partition's records from
-	// Until on are read for the first time.
+	// Until to End are read for the first time.
 	Until int64
 	// TopicID is the topic's Kafka id today, stored with the target
 	// (zero when the brokers give none).
@@ -270,14 +276,29 @@ type Plan struct {
 	// dedup.retention.
 	KeptSince  time.Time
 	Partitions []Partition // sorted by topic and partition
+	// Gone are the partitions sink_offsets stores an offset for that
+	// their topic no longer has (deleted and recreated with fewer):
+	// a target of every partition (the log start, a time, or those out
+	// of range) clears their offset, so that a partition of that number
+	// added later starts from its log start rather than paused.
+	Gone []Gone
+}
+
+// Gone is a partition sink_offsets stores an offset for that its topic no
+// longer has.
+type Gone struct {
+	TopicPartition
+	Stored int64
 }
 
 // Moves reports whether the plan moves any partition.
-func (p *Plan) Moves() bool { return slices.ContainsFunc(p.Partitions, Partition.Moves) }
+func (p *Plan) Moves() bool {
+	return slices.ContainsFunc(p.Partitions, Partition.Moves) || len(p.Gone) > 0
+}
 
 // Moves reports whether the rewind moves p: back, or, when its stored
 // offset is out of range, to where its log is.
-func (p Partition) Moves() bool { return p.Target < p.Current || p.Reset != "" }
+func (p Partition) Moves() bool { return p.Target < p.Current || p.Reset }
 
 // Replays reports whether the rewind has the group read records of p again.
 func (p Partition) Replays() bool { return p.Target < p.Until }
@@ -286,8 +307,8 @@ func (p Partition) Replays() bool { return p.Target < p.Until }
 // where the group is and where it would go. It writes nothing. A target
 // past the group's position is an error (that would skip records); so is
 // a backfill of a handler the group does not run. A partition whose stored
-// offset is out of range (Partition.Reset) is where a member would start
-// it, its log start, and goes there or to an offset given for it.
+// offset is out of range (Partition.OutOfRange) is where a member would
+// start it, its log start, and goes there or to an offset given for it.
 func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	if req.Backfill != "" && req.Target.Time.IsZero() && req.Target.Offsets == nil && !req.Target.Start {
 		req.Target.Start = true
@@ -304,6 +325,10 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 	defer cancel()
+	ids, err := r.topicIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
 	starts, err := r.adm.ListStartOffsets(ctx, r.cfg.Topics...)
 	if err == nil {
 		err = starts.Error()
@@ -328,57 +353,67 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 			return nil, fmt.Errorf("replay: list offsets after %s: %w", req.Target.Time.Format(time.RFC3339), err)
 		}
 	}
-	current, err := r.current(ctx, starts)
+	current, gone, err := r.current(ctx, starts)
 	if err != nil {
 		return nil, err
 	}
-	ids, err := r.topicIDs(ctx)
-	if err != nil {
-		return nil, err
-	}
-	plan := &Plan{Group: r.cfg.Group, Backfill: req.Backfill, Horizon: r.cfg.Horizon}
+	plan := &Plan{Group: r.cfg.Group, Backfill: req.Backfill, Horizon: r.cfg.Horizon, Gone: gone}
 	for tp, pos := range current {
 		cur := pos.next
 		s, _ := starts.Lookup(tp.Topic, tp.Partition)
 		e, _ := ends.Lookup(tp.Topic, tp.Partition)
-		p := Partition{TopicPartition: tp, Current: cur, Target: cur, Until: cur, TopicID: ids[tp.Topic]}
+		p := Partition{TopicPartition: tp, Current: cur, Target: cur, Until: cur, End: e.Offset, TopicID: ids[tp.Topic]}
 		from := cur // where the group goes on from without the rewind
 		if pos.stored {
-			if p.Reset = outOfRange(cur, pos.topicID, p.TopicID, s.Offset, e.Offset); p.Reset != "" {
-				from, p.Target, p.Until = s.Offset, s.Offset, s.Offset
-				if !recreated(pos.topicID, p.TopicID) {
-					p.Until = max(s.Offset, min(cur, e.Offset))
-				}
+			if p.OutOfRange = outOfRange(cur, pos.topicID, p.TopicID, s.Offset, e.Offset); p.OutOfRange != "" {
+				from = s.Offset
+			}
+		}
+		reset := func() {
+			p.Reset, p.Target, p.Until = true, s.Offset, s.Offset
+			if !recreated(pos.topicID, p.TopicID) {
+				p.Until = max(s.Offset, min(cur, e.Offset))
 			}
 		}
 		switch {
 		case req.Target.Start, req.Target.OutOfRange:
-			if req.Target.Start || p.Reset != "" {
+			if p.OutOfRange != "" {
+				reset()
+			} else if req.Target.Start {
 				p.Target = s.Offset
 			}
 		case !req.Target.Time.IsZero():
+			if p.OutOfRange != "" {
+				reset()
+				break
+			}
 			a, ok := after.Lookup(tp.Topic, tp.Partition)
 			if !ok || a.Offset < 0 {
 				a = e
 			}
-			p.Target = min(a.Offset, from) // a time after the position moves nothing
+			p.Target = min(a.Offset, cur) // a time after the position moves nothing
 		default:
 			o, ok := req.Target.Offsets[tp]
 			if !ok {
-				p = Partition{TopicPartition: tp, Current: cur, Target: cur, Until: cur, TopicID: p.TopicID} // not moved
-				break
+				break // not moved
 			}
 			switch {
-			case o > from && p.Reset != "":
-				return nil, fmt.Errorf("replay: %s: offset %d is past the log start %d, where the group goes on from (its stored offset %d is %s): that would skip records", tp, o, from, cur, p.Reset)
+			case o > from && p.OutOfRange != "":
+				return nil, fmt.Errorf("replay: %s: offset %d is past the log start %d, where the group goes on from (its stored offset %d is %s): that would skip records", tp, o, from, cur, p.OutOfRange)
 			case o > from:
 				return nil, fmt.Errorf("replay: %s: offset %d is past the group's position %d: that would skip records, not replay them", tp, o, cur)
 			case o < s.Offset || o > e.Offset:
 				return nil, fmt.Errorf("replay: %s: offset %d is outside the log [%d, %d)", tp, o, s.Offset, e.Offset)
 			}
+			if p.OutOfRange != "" {
+				reset()
+			}
 			p.Target = o
 		}
 		plan.Partitions = append(plan.Partitions, p)
+	}
+	if !req.Target.Start && !req.Target.OutOfRange && req.Target.Time.IsZero() {
+		plan.Gone = nil // only a target of every partition clears them
 	}
 	for tp := range req.Target.Offsets {
 		if _, ok := current[tp]; !ok {
@@ -409,7 +444,7 @@ type position struct {
 // current is the group's next offset per partition of its topics:
 // sink_offsets, else Kafka's committed offset, else the log start — where
 // a member would start, unless the stored offset is out of range.
-func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[TopicPartition]position, error) {
+func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[TopicPartition]position, []Gone, error) {
 	out := map[TopicPartition]position{}
 	starts.Each(func(o kadm.ListedOffset) {
 		if o.Partition >= 0 {
@@ -421,7 +456,7 @@ func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[
 		committed, err = nil, nil // the group never committed: nothing to read
 	}
 	if err != nil {
-		return nil, fmt.Errorf("replay: fetch the committed offsets of group %s: %w", r.cfg.Group, err)
+		return nil, nil, fmt.Errorf("replay: fetch the committed offsets of group %s: %w", r.cfg.Group, err)
 	}
 	committed.Each(func(o kadm.OffsetResponse) {
 		tp := TopicPartition{o.Topic, o.Partition}
@@ -432,21 +467,27 @@ func (r *Replayer) current(ctx context.Context, starts kadm.ListedOffsets) (map[
 	rows, err := r.cfg.Pool.Query(ctx, `SELECT topic, partition, next_offset, topic_id FROM `+r.table("sink_offsets")+`
 WHERE consumer_group = $1 AND topic = ANY($2) AND next_offset IS NOT NULL`, r.cfg.Group, r.cfg.Topics)
 	if err != nil {
-		return nil, fmt.Errorf("replay: read sink_offsets: %w", err)
+		return nil, nil, fmt.Errorf("replay: read sink_offsets: %w", err)
 	}
+	var gone []Gone
 	var tp TopicPartition
 	var pos position
 	_, err = pgx.ForEachRow(rows, []any{&tp.Topic, &tp.Partition, &pos.next, &pos.topicID}, func() error {
 		if _, ok := out[tp]; ok {
 			pos.stored = true
 			out[tp] = pos
+		} else {
+			gone = append(gone, Gone{tp, pos.next})
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("replay: read sink_offsets: %w", err)
+		return nil, nil, fmt.Errorf("replay: read sink_offsets: %w", err)
 	}
-	return out, nil
+	slices.SortFunc(gone, func(a, b Gone) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out, gone, nil
 }
 
 // topicIDs is each of the group's topics' Kafka id, where the brokers give
@@ -457,10 +498,20 @@ func (r *Replayer) topicIDs(ctx context.Context) (map[string]uuid.NullUUID, erro
 		return nil, fmt.Errorf("replay: read the metadata of %v: %w", r.cfg.Topics, err)
 	}
 	out := map[string]uuid.NullUUID{}
-	for name, t := range md.Topics {
-		if t.Err == nil && t.ID != (kadm.TopicID{}) {
+	var missing []string
+	for _, name := range r.cfg.Topics {
+		t, ok := md.Topics[name]
+		switch {
+		case !ok || errors.Is(t.Err, kerr.UnknownTopicOrPartition):
+			missing = append(missing, name)
+		case t.Err != nil:
+			return nil, fmt.Errorf("replay: read the metadata of topic %s: %w", name, t.Err)
+		case t.ID != (kadm.TopicID{}):
 			out[name] = uuid.NullUUID{UUID: uuid.UUID(t.ID), Valid: true}
 		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("replay: the brokers do not have the group's topic(s) %v (deleted and not created again?): create them, or remove them from kafka.topics, and plan again", missing)
 	}
 	return out, nil
 }
@@ -480,7 +531,7 @@ func outOfRange(stored int64, storedID, id uuid.NullUUID, start, end int64) stri
 	case recreated(storedID, id):
 		return fmt.Sprintf("of a topic deleted since and recreated under the same name (its topic id changed from %s to %s)", storedID.UUID, id.UUID)
 	case stored < start:
-		return fmt.Sprintf("below the log start %d: the records in between were deleted by retention", start)
+		return fmt.Sprintf("below the log start %d: the records in between were deleted (retention, or DeleteRecords)", start)
 	case stored > end:
 		return fmt.Sprintf("beyond the log end %d", end)
 	}

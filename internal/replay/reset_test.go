@@ -35,7 +35,7 @@ func TestResetOutOfRange(t *testing.T) {
 			s := stream(t, 40)
 			e.produce(s.Messages, time.Now())
 			e.runUntil(int64(len(s.Messages)))
-			e.recreate()
+			e.recreate(2)
 			s2 := stream(t, 30)
 			e.produce(s2.Messages, time.Now())
 			id := e.topicID()
@@ -47,9 +47,9 @@ func TestResetOutOfRange(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, p := range plan.Partitions {
-				if p.Reset == "" || p.Target != 0 || p.Until != 0 || p.TopicID.UUID != id {
-					t.Errorf("%s: reset %q, target %d, until %d, topic id %v; want a reset to 0, nothing read again, id %s",
-						p.TopicPartition, p.Reset, p.Target, p.Until, p.TopicID, id)
+				if !p.Reset || p.OutOfRange == "" || p.Target != 0 || p.Until != 0 || p.TopicID.UUID != id {
+					t.Errorf("%s: reset %v (%q), target %d, until %d, topic id %v; want a reset to 0, nothing read again, id %s",
+						p.TopicPartition, p.Reset, p.OutOfRange, p.Target, p.Until, p.TopicID, id)
 				}
 			}
 			if err := r.Rewind(t.Context(), plan, req); err != nil {
@@ -64,6 +64,43 @@ func TestResetOutOfRange(t *testing.T) {
 			e.consume(int64(len(s2.Messages)), pause)
 			want := maps.Clone(s.Unique)
 			maps.Copy(want, s2.Unique)
+			e.check(want)
+		})
+		t.Run("recreated with fewer partitions", func(t *testing.T) {
+			e := newEnv(t, seeds)
+			s := stream(t, 40)
+			e.produce(s.Messages, time.Now())
+			e.runUntil(int64(len(s.Messages)))
+			e.recreate(1)
+			e.topicID() // the brokers know it
+			r := e.replayer(0)
+			req := replay.Request{Target: replay.Target{OutOfRange: true}}
+			plan, err := r.Plan(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(plan.Partitions) != 1 || !plan.Partitions[0].Reset || len(plan.Gone) != 1 || plan.Gone[0].Partition != 1 {
+				t.Fatalf("plan: partitions %+v, gone %+v; want partition 0 reset and partition 1 gone", plan.Partitions, plan.Gone)
+			}
+			if err := r.Rewind(t.Context(), plan, req); err != nil {
+				t.Fatal(err)
+			}
+			if n := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.sink_offsets WHERE consumer_group = $1 AND partition = 1 AND next_offset IS NULL AND topic_id IS NULL`, e.group); n != 1 {
+				t.Errorf("partition 1's stored offset not cleared (%d rows)", n)
+			}
+			// The partition added again starts from its log start.
+			resp, err := kadm.NewClient(e.client()).CreatePartitions(t.Context(), 1, e.topic)
+			if err == nil {
+				err = resp.Error()
+			}
+			if err != nil {
+				t.Fatalf("add a partition: %v", err)
+			}
+			more := stream(t, 20)
+			e.produce(more.Messages, time.Now())
+			e.consume(int64(len(more.Messages)), func(c *processor.Config) { c.OffsetOutOfRange = processor.PauseOnOutOfRange })
+			want := maps.Clone(s.Unique)
+			maps.Copy(want, more.Unique)
 			e.check(want)
 		})
 		t.Run("below the log start", func(t *testing.T) {
@@ -87,11 +124,11 @@ func TestResetOutOfRange(t *testing.T) {
 				t.Fatal(err)
 			}
 			p0, p1 := plan.Partitions[0], plan.Partitions[1]
-			if p0.Reset == "" || p0.Target != ends || p0.Until != ends || !p0.Moves() || p0.Replays() {
-				t.Errorf("partition 0: reset %q, %d -> %d until %d; want a reset to the log start %d, nothing read again", p0.Reset, p0.Current, p0.Target, p0.Until, ends)
+			if !p0.Reset || p0.Target != ends || p0.Until != ends || !p0.Moves() || p0.Replays() {
+				t.Errorf("partition 0: reset %v (%q), %d -> %d until %d; want a reset to the log start %d, nothing read again", p0.Reset, p0.OutOfRange, p0.Current, p0.Target, p0.Until, ends)
 			}
-			if p1.Reset != "" || p1.Moves() {
-				t.Errorf("partition 1 (in range): reset %q, %d -> %d; want it not moved", p1.Reset, p1.Current, p1.Target)
+			if p1.Reset || p1.OutOfRange != "" || p1.Moves() {
+				t.Errorf("partition 1 (in range): reset %v (%q), %d -> %d; want it not moved", p1.Reset, p1.OutOfRange, p1.Current, p1.Target)
 			}
 			if err := r.Rewind(t.Context(), plan, req); err != nil {
 				t.Fatal(err)
@@ -127,9 +164,9 @@ func (e *env) consume(n int64, edit func(*processor.Config)) {
 	}
 }
 
-// recreate deletes the test's topic and creates it again, with two
+// recreate deletes the test's topic and creates it again, with n
 // partitions (the brokers may take a moment to finish the deletion).
-func (e *env) recreate() {
+func (e *env) recreate(n int32) {
 	e.t.Helper()
 	adm := kadm.NewClient(e.client())
 	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
@@ -138,7 +175,7 @@ func (e *env) recreate() {
 		e.t.Fatalf("delete topic %s: %v", e.topic, err)
 	}
 	for {
-		resp, err := adm.CreateTopic(ctx, 2, 1, nil, e.topic)
+		resp, err := adm.CreateTopic(ctx, n, 1, nil, e.topic)
 		if err == nil {
 			err = resp.Err
 		}

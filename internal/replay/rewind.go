@@ -18,8 +18,8 @@ import (
 // every partition that moves, in one Postgres transaction stores the
 // target in sink_offsets with a new epoch and the topic's id today, and
 // records a sink_replays row for each partition whose records the group
-// reads again (Partition.Replays), and then commits the targets to Kafka
-// for the group. A partition whose
+// reads again (Partition.Replays), and clears the offsets of the plan's
+// Gone partitions, and then commits the targets to Kafka for the group. A partition whose
 // stored offset is no longer the plan's Current (the group consumed since
 // the plan) makes the whole rewind fail with nothing changed.
 //
@@ -35,7 +35,7 @@ func (r *Replayer) Rewind(ctx context.Context, plan *Plan, req Request) error {
 		return err
 	}
 	moves := slices.DeleteFunc(slices.Clone(plan.Partitions), func(p Partition) bool { return !p.Moves() })
-	if len(moves) == 0 {
+	if len(moves) == 0 && len(plan.Gone) == 0 {
 		return nil
 	}
 	replays := slices.DeleteFunc(slices.Clone(moves), func(p Partition) bool { return !p.Replays() })
@@ -84,6 +84,17 @@ ON CONFLICT (consumer_group, topic, partition) DO UPDATE SET next_offset = exclu
 			r.cfg.Group, topics, parts, targets, ids); err != nil {
 			return fmt.Errorf("store the targets in sink_offsets: %w", err)
 		}
+		if len(plan.Gone) > 0 {
+			gTopics, gParts := make([]string, len(plan.Gone)), make([]int32, len(plan.Gone))
+			for i, g := range plan.Gone {
+				gTopics[i], gParts[i] = g.Topic, g.Partition
+			}
+			if _, err := tx.Exec(pctx, `UPDATE `+r.table("sink_offsets")+` o SET next_offset = NULL, topic_id = NULL, epoch = o.epoch + 1, updated_at = now()
+FROM unnest($2::text[], $3::int[]) AS g(topic, partition)
+WHERE o.consumer_group = $1 AND o.topic = g.topic AND o.partition = g.partition`, r.cfg.Group, gTopics, gParts); err != nil {
+				return fmt.Errorf("clear the offsets of partitions the topics no longer have: %w", err)
+			}
+		}
 		if _, err := tx.Exec(pctx, `INSERT INTO `+r.table("sink_replays")+` (consumer_group, topic, partition, from_offset, to_offset, handler, forced)
 SELECT $1, m.topic, m.partition, m.from_offset, m.target, $5, $6 FROM unnest($2::text[], $3::int[], $4::bigint[], $7::bigint[]) AS m(topic, partition, target, from_offset)`,
 			r.cfg.Group, rTopics, rParts, rTargets, handler, forced, rFroms); err != nil {
@@ -93,6 +104,10 @@ SELECT $1, m.topic, m.partition, m.from_offset, m.target, $5, $6 FROM unnest($2:
 	})
 	if err != nil {
 		return fmt.Errorf("replay: rewind group %s in Postgres (nothing changed): %w", r.cfg.Group, err)
+	}
+	if len(moves) == 0 {
+		r.cfg.Logger.Info("replay: offsets of partitions the topics no longer have cleared", "group", r.cfg.Group, "partitions", len(plan.Gone))
+		return nil
 	}
 	offsets := kadm.Offsets{}
 	for _, p := range moves {
