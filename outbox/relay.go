@@ -152,12 +152,14 @@ const warnEvery = time.Minute
 // Run relays until ctx ends, then returns nil. A failed attempt is retried
 // after a wait that doubles with each failure in a row, from Poll up to
 // MaxBackoff. Run warns at the first failure, then again after each
-// minute of waiting (with the attempts so far and the latest error), and
+// minute spent failing, waits and attempts (with the attempts so far and
+// the latest error), and
 // logs at info level when an attempt succeeds again.
 func (r *Relay) Run(ctx context.Context) error {
 	failures := 0
 	var wait, unwarned time.Duration
 	for {
+		began := time.Now()
 		claimed, _, err := r.relay(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -170,7 +172,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.log.Warn("outbox relay: cannot publish; retrying", "err", err, "attempts", failures, "retry_in", wait)
 				unwarned = 0
 			}
-			unwarned += wait
+			unwarned += wait + time.Since(began) // an attempt may take ProduceTimeout
 		case failures > 0:
 			r.log.Info("outbox relay: publishing again", "failed_attempts", failures)
 			failures, wait, unwarned = 0, 0, 0
