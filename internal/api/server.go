@@ -65,6 +65,14 @@ type Server struct {
 	errc chan error // Serve's result; buffered, read by Stop
 }
 
+// readTimeout bounds reading a request, its body included: a client that
+// stalls mid-body (1 MiB at most) is cut off rather than held open for
+// ever; idleTimeout, a kept-alive connection's wait for its next request.
+var (
+	readTimeout = 30 * time.Second
+	idleTimeout = 2 * time.Minute
+)
+
 // Start listens on addr and serves h in a goroutine the Server owns until
 // Stop. The error names addr when it cannot listen.
 func Start(addr string, h http.Handler) (*Server, error) {
@@ -72,8 +80,8 @@ func Start(addr string, h http.Handler) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("http.addr %s: %w", addr, err)
 	}
-	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, addr: ln.Addr().String(),
-		errc: make(chan error, 1)}
+	s := &Server{srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: readTimeout, IdleTimeout: idleTimeout},
+		addr: ln.Addr().String(), errc: make(chan error, 1)}
 	go func() {
 		err := s.srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
