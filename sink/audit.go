@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -120,6 +122,10 @@ func Audit(ctx context.Context, pool *pgxpool.Pool, schema string, id uuid.UUID,
     (SELECT n.started_at FROM `+t("processed_events_slices")+` n WHERE n.slice > p.slice ORDER BY n.slice LIMIT 1),
     clock_timestamp()) + make_interval(secs => $2::bigint / 1e6) END
 FROM `+t("processed_events")+` p WHERE p.event_id = $1 ORDER BY p.processed_at, p.handler`, id, horizon.Microseconds())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return a, fmt.Errorf("schema %q has no processed_events table: onceflow has not run there (check postgres.schema, --schema)", schema)
+	}
 	if err != nil {
 		return a, fmt.Errorf("audit processed_events: %w", err)
 	}

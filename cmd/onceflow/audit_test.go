@@ -45,3 +45,13 @@ func TestAuditOfUnknownAndDeadLetteredIDs(t *testing.T) {
 		t.Errorf("audit of a dead-lettered id: %v\n%s\nwant its dead letter", err, out)
 	}
 }
+
+// `onceflow audit` in a schema onceflow never ran in says so, naming the
+// schema, as `onceflow trace` does (it printed Postgres' "relation does not
+// exist").
+func TestAuditInASchemaWithoutOnceflow(t *testing.T) {
+	_, err := runCLI(t, io.Discard, "audit", uuid.New().String(), "--dsn", sinktest.DSN(t), "--schema", "no_onceflow_here")
+	if err == nil || !strings.Contains(err.Error(), `schema "no_onceflow_here" has no processed_events table`) {
+		t.Errorf("audit in a schema without onceflow's tables: %v", err)
+	}
+}
