@@ -113,9 +113,9 @@ func load(cmd *cobra.Command) (*app, error) { return loadBinding(cmd, binds) }
 func loadBinding(cmd *cobra.Command, bs []config.Flag) (*app, error) {
 	file, _ := cmd.Flags().GetString("config")
 	cfg, err := config.Load(file, cmd.Flags(), bs, config.Default{Key: "handlers", Value: registry.names})
-	if err == nil {
-		err = registry.check(cfg.Handlers)
-	}
+	// The handlers' names are checked with the rest, so that every problem
+	// shows at once (a key that did not decode is empty: nothing to check).
+	err = errors.Join(err, registry.check(cfg.Handlers))
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}

@@ -228,6 +228,9 @@ func TestBadConfigFailsAtStart(t *testing.T) {
 			[]string{"--events 0", "--partitions 0"}},
 		{"unknown handler", []string{"migrate", "--handlers", "emailHandler,smsHandler"},
 			[]string{`handlers: unknown handler "smsHandler"`, "known: emailHandler, inventoryHandler, analyticsHandler, recommenderHandler"}},
+		// With the other problems, not after they are mended.
+		{"unknown handler and another problem", []string{"migrate", "--handlers", "emailHandler,smsHandler", "--log-level", "loud"},
+			[]string{`handlers: unknown handler "smsHandler"`, "log.level"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := runCLI(t, io.Discard, tc.args...)

@@ -293,7 +293,7 @@ func Load(file string, flags *pflag.FlagSet, binds []Flag, defs ...Default) (Con
 		// The keys that did decode are still checked, so that every
 		// problem shows at once; a key that did not decode holds its zero
 		// value, whose own complaints would only mislead.
-		failed := unmarshalProblems(err, file)
+		failed := unmarshalProblems(err, func(key string) string { return source(flags, binds, file, key) })
 		problems = append(problems, failed...)
 		problems = append(problems, cfg.readSecretFiles()...)
 		problems = append(problems, cfg.readRegistryPassword()...)
@@ -392,23 +392,48 @@ func unknownEnv() []error {
 
 // unmarshalProblems turns mapstructure's joined errors into one error per
 // problem, naming the file.
-func unmarshalProblems(err error, file string) []error {
-	where := "config"
-	if file != "" {
-		where = "config file " + file
-	}
+func unmarshalProblems(err error, where func(key string) string) []error {
 	var out []error
 	for _, line := range strings.Split(err.Error(), "\n") {
 		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "*"))
 		if line == "" || strings.HasPrefix(line, "decoding failed due to") || strings.HasSuffix(line, "error(s) decoding:") {
 			continue
 		}
-		out = append(out, fmt.Errorf("%s: %s", where, line))
+		key := ""
+		if m := quotedKey.FindStringSubmatch(line); m != nil {
+			key = m[1]
+		}
+		out = append(out, fmt.Errorf("%s: %s", where(key), line))
 	}
 	if len(out) == 0 {
-		out = append(out, fmt.Errorf("%s: %w", where, err))
+		out = append(out, fmt.Errorf("%s: %w", where(""), err))
 	}
 	return out
+}
+
+// quotedKey finds the key a decoding error quotes: 'batch.max_records'.
+var quotedKey = regexp.MustCompile(`'([a-z0-9_.]+)`)
+
+// source names where key's value came from, as viper ranks them: a flag
+// set on the command line, else its ONCEFLOW_* variable, else the config
+// file (or "config" when there is none, or key is unknown).
+func source(flags *pflag.FlagSet, binds []Flag, file, key string) string {
+	if key != "" {
+		for _, b := range binds {
+			if b.Key == key && flags != nil {
+				if f := flags.Lookup(b.Name); f != nil && f.Changed {
+					return "flag --" + b.Name
+				}
+			}
+		}
+		if _, ok := os.LookupEnv(EnvName(key)); ok {
+			return "environment " + EnvName(key)
+		}
+	}
+	if file != "" {
+		return "config file " + file
+	}
+	return "config"
 }
 
 var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)

@@ -148,6 +148,15 @@ func TestLoadListsEveryProblem(t *testing.T) {
 			want: []string{"linger"},
 		},
 		{
+			// A value that does not decode names where it came from: the
+			// variable, not the file beside it.
+			name: "environment values that do not decode",
+			file: "log:\n  level: info\n",
+			env:  map[string]string{"ONCEFLOW_BATCH_MAX_RECORDS": "abc", "ONCEFLOW_DEDUP_RETENTION": "forever"},
+			want: []string{"environment ONCEFLOW_BATCH_MAX_RECORDS: 'batch.max_records' cannot parse",
+				"environment ONCEFLOW_DEDUP_RETENTION: 'dedup.retention'"},
+		},
+		{
 			name: "dsn password stays secret",
 			env:  map[string]string{"ONCEFLOW_POSTGRES_DSN": "postgres://u:s3cret@host:notaport/db"},
 			want: []string{"postgres.dsn"},
