@@ -291,7 +291,8 @@ type Gone struct {
 	Stored int64
 }
 
-// Moves reports whether the plan moves any partition.
+// Moves reports whether the plan moves any partition, or clears the
+// offset of a Gone one.
 func (p *Plan) Moves() bool {
 	return slices.ContainsFunc(p.Partitions, Partition.Moves) || len(p.Gone) > 0
 }
