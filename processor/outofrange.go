@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -151,16 +152,7 @@ func (c *Consumer) resetDue(cl *kgo.Client) {
 // written what it had fetched before its fetch offset fell out of range
 // (PauseOnOutOfRange): as a partition whose stored offset is out of range
 // at assignment, it waits for its offsets to be reset.
-func (c *Consumer) endedAfterQueue(w *worker) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	part := c.parts[w.key]
-	if part == nil || part.w != w {
-		return
-	}
-	part.w = nil
-	c.cl.PauseFetchPartitions(map[string][]int32{w.key.topic: {w.key.partition}})
-}
+func (c *Consumer) endedAfterQueue(w *worker) { c.detach(w, time.Time{}) }
 
 // isOutOfRange reports whether a fetch error is the brokers' answer to a
 // fetch offset outside the partition's log.

@@ -109,14 +109,7 @@ func TestIsolationProgressesOnSlowDatabase(t *testing.T) {
 // if the member reads them at once, and checks that every bad record is a
 // dead letter once and the good one applied once, within a bounded wait.
 func isolationGetsOut(t *testing.T, e *env, pool *pgxpool.Pool, bad int, sql string, txTimeout time.Duration) {
-	payments := pgx.Identifier{e.schema, "payments"}.Sanitize()
-	if _, err := e.pool.Exec(t.Context(), `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay", SQL: fmt.Sprintf(sql, payments)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	payments, h := paymentsHandler(t, e, sql)
 	cfg := e.config("slow")
 	cfg.BatchMaxRecords = bad + 1 // one batch, if the member reads them all at once
 	cfg.BatchLinger = 200 * time.Millisecond
@@ -180,15 +173,7 @@ func isolationGetsOut(t *testing.T, e *env, pool *pgxpool.Pool, bad int, sql str
 func TestTimedOutBatchIsWrittenSmaller(t *testing.T) {
 	const n = 400
 	e := newEnv(t, broker{name: "kfake", start: startKfake}, 1)
-	payments := pgx.Identifier{e.schema, "payments"}.Sanitize()
-	if _, err := e.pool.Exec(t.Context(), `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay",
-		SQL: `INSERT INTO ` + payments + ` SELECT event_id, (payload->>'amount')::numeric FROM events WHERE pg_sleep(0.005) IS NOT NULL`})
-	if err != nil {
-		t.Fatal(err)
-	}
+	payments, h := paymentsHandler(t, e, `INSERT INTO %s SELECT event_id, (payload->>'amount')::numeric FROM events WHERE pg_sleep(0.005) IS NOT NULL`)
 	log := &logRecorder{}
 	cfg := e.config("slow")
 	cfg.Logger = slog.New(log)
@@ -243,15 +228,7 @@ func TestTimedOutBatchIsWrittenSmaller(t *testing.T) {
 func TestIsolationOnLongRoundTrips(t *testing.T) {
 	const n = 40
 	e := newEnv(t, broker{name: "kfake", start: startKfake}, 1)
-	payments := pgx.Identifier{e.schema, "payments"}.Sanitize()
-	if _, err := e.pool.Exec(t.Context(), `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay",
-		SQL: `INSERT INTO ` + payments + ` SELECT event_id, (payload->>'amount')::numeric FROM events`})
-	if err != nil {
-		t.Fatal(err)
-	}
+	payments, h := paymentsHandler(t, e, `INSERT INTO %s SELECT event_id, (payload->>'amount')::numeric FROM events`)
 	log := &logRecorder{}
 	cfg := e.config("slow")
 	cfg.Logger = slog.New(log)
@@ -299,4 +276,19 @@ func TestIsolationOnLongRoundTrips(t *testing.T) {
 	if got := sinktest.Count(t, e.pool, `SELECT count(*) FROM `+e.schema+`.dead_letters`); got != int64(bad) {
 		t.Errorf("dead letters: %d, want %d", got, bad)
 	}
+}
+
+// paymentsHandler creates e's payments table (no unique key) and returns it
+// with a SQL handler "pay" running sql, %s the table.
+func paymentsHandler(t *testing.T, e *env, sql string) (string, *sink.SQLHandler) {
+	t.Helper()
+	payments := pgx.Identifier{e.schema, "payments"}.Sanitize()
+	if _, err := e.pool.Exec(t.Context(), `CREATE TABLE `+payments+` (event_id uuid NOT NULL, amount numeric NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	h, err := sink.NewSQLHandler(sink.SQLHandlerConfig{Name: "pay", SQL: fmt.Sprintf(sql, payments)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return payments, h
 }

@@ -187,14 +187,18 @@ func (w *worker) sleep(d time.Duration) bool {
 // its partition. The partition stays paused, with no worker, and is taken
 // again after the session timeout if this member still owns it then: a
 // zombie that took it late learns from the group by then that it lost it.
-func (c *Consumer) fenced(w *worker) {
+func (c *Consumer) fenced(w *worker) { c.detach(w, time.Now().Add(c.cfg.SessionTimeout)) }
+
+// detach leaves w's partition paused with no worker, to be taken again at
+// retakeAt (zero: never, until its offsets are reset), if w is still its
+// worker.
+func (c *Consumer) detach(w *worker, retakeAt time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	part := c.parts[w.key]
 	if part == nil || part.w != w {
 		return
 	}
-	part.w = nil
-	part.retakeAt = time.Now().Add(c.cfg.SessionTimeout)
+	part.w, part.retakeAt = nil, retakeAt
 	c.cl.PauseFetchPartitions(map[string][]int32{w.key.topic: {w.key.partition}})
 }
