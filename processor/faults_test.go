@@ -961,3 +961,52 @@ func TestLagWhileTheQueueIsFull(t *testing.T) {
 		m.stop(t)
 	})
 }
+
+// A group that Postgres stores no offset for, whose committed offset in
+// Kafka is below the log start (another consumer's, or one from before
+// this schema), starts from the log start under either policy: the policy
+// is for offsets Postgres stores, and the replay tools move only those.
+// Under pause the partition stayed paused for ever, out of any reset's
+// reach.
+func TestKafkaCommittedOffsetBelowTheLogStart(t *testing.T) {
+	eachBroker(t, func(t *testing.T, b broker) {
+		e := newEnv(t, b, 1)
+		stream, err := orders.Generate(300, 0, 24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceMessages(stream.Messages)
+		adm := kadm.NewClient(e.client())
+		var o kadm.Offsets
+		o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 200})
+		resp, err := adm.DeleteRecords(t.Context(), o)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			t.Fatalf("delete records: %v", err)
+		}
+		var c kadm.Offsets
+		c.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 100, LeaderEpoch: -1})
+		committed, err := adm.CommitOffsets(t.Context(), e.group, c)
+		if err == nil {
+			err = committed.Error()
+		}
+		if err != nil {
+			t.Fatalf("commit offset 100 for the group: %v", err)
+		}
+		logs := &logRecorder{}
+		cfg := e.config("kafka-committed")
+		cfg.Logger = slog.New(logs)
+		cfg.OffsetOutOfRange = processor.PauseOnOutOfRange
+		m := e.start(cfg, e.writer(0))
+		e.waitProcessed(100, 60*time.Second)
+		m.stop(t)
+		if _, ok := logs.find(slog.LevelError, "Postgres stores no offset for the partition"); !ok {
+			t.Errorf("no error logged about the group's committed offset out of range; logged: %v", logs.messages())
+		}
+		if got := e.processed(); got != 100 {
+			t.Errorf("applied %d events, want 100 (offsets 200 to 300)", got)
+		}
+	})
+}

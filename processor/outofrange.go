@@ -75,7 +75,7 @@ func (c *Consumer) settleOutOfRange(ctx context.Context) {
 				continue
 			}
 			k := tp{topic, p}
-			where := "below the log start: the records in between were deleted (retention, or DeleteRecords) before this member read them, and are not applied"
+			where := "below the log start: the records in between were deleted (retention, or DeleteRecords) before the group read them, and are not applied"
 			switch {
 			case n.at > b.end:
 				where = "beyond the log end"
@@ -83,7 +83,14 @@ func (c *Consumer) settleOutOfRange(ctx context.Context) {
 				where = "" // in the log again (the answer was stale): fetch from there
 			}
 			action := "consuming from the log start (kafka.offset_out_of_range: earliest)"
-			pause := c.cfg.OffsetOutOfRange == PauseOnOutOfRange
+			// The policy is for offsets Postgres stores: one the group
+			// committed in Kafka only (another consumer's, or before this
+			// schema) is a hint, and goes to the log start, as a member
+			// with no offset at all starts.
+			pause := c.cfg.OffsetOutOfRange == PauseOnOutOfRange && n.w.stored.Load()
+			if !n.w.stored.Load() {
+				action = "Postgres stores no offset for the partition (the offset was the group's committed one in Kafka): consuming from the log start"
+			}
 			if pause {
 				action = "the records fetched before are written, then the partition stays paused (kafka.offset_out_of_range: pause) until its offsets are reset"
 			}

@@ -99,7 +99,7 @@ func (c *Consumer) start(topic string, p int32, l sink.Lease, parts map[int32]kg
 		next = s
 		recreated := id.Valid && l.TopicID.Valid && id.UUID != l.TopicID.UUID
 		if recreated || b.known && (s < b.start || s > b.end) {
-			where := "below the log start: the records in between were deleted by retention and are not applied"
+			where := "below the log start: the records in between were deleted (retention, or DeleteRecords) and are not applied"
 			switch {
 			case recreated:
 				where = "of a topic deleted since and recreated under the same name (its topic id changed from " +

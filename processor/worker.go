@@ -50,6 +50,10 @@ type worker struct {
 	topicID uuid.NullUUID // the topic's Kafka id, stored with each batch's offset; not Valid when unknown
 
 	next     atomic.Int64 // records below it are written: dropped
+	// stored: Postgres stores an offset for the partition — its lease
+	// had one, or a batch of this worker stored one. Until then the
+	// worker reads from Kafka's committed offset (or the log start).
+	stored   atomic.Bool
 	retrying bool         // worker goroutine only
 	// inflight is the first record of the batch being written, nil
 	// between batches; retryingNow mirrors retrying. Both are read by
@@ -107,6 +111,7 @@ func (c *Consumer) newWorker(k tp, l sink.Lease, next int64) *worker {
 		ctx: ctx, cancel: cancel,
 	}
 	w.next.Store(max(next, 0))
+	w.stored.Store(l.NextOffset >= 0)
 	c.stats.workers.Add(1)
 	go w.run()
 	return w

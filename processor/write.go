@@ -254,6 +254,7 @@ func (w *worker) committed(ctx context.Context, b *sink.Batch, recs []*kgo.Recor
 		w.deferred = recs[len(recs)-1]
 	} else {
 		w.fence, w.storedAt, w.deferred = res.NextOffset, time.Now(), nil
+		w.stored.Store(true)
 	}
 	w.next.Store(res.NextOffset)
 	w.inflight.Store(nil)
