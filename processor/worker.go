@@ -49,12 +49,12 @@ type worker struct {
 	fence   int64         // the offset stored in Postgres as of the last commit (-1: none); worker goroutine only
 	topicID uuid.NullUUID // the topic's Kafka id, stored with each batch's offset; not Valid when unknown
 
-	next     atomic.Int64 // records below it are written: dropped
+	next atomic.Int64 // records below it are written: dropped
 	// stored: Postgres stores an offset for the partition — its lease
 	// had one, or a batch of this worker stored one. Until then the
 	// worker reads from Kafka's committed offset (or the log start).
 	stored   atomic.Bool
-	retrying bool         // worker goroutine only
+	retrying bool // worker goroutine only
 	// inflight is the first record of the batch being written, nil
 	// between batches; retryingNow mirrors retrying. Both are read by
 	// Partitions.

@@ -90,7 +90,10 @@ func (w *worker) write(recs []*kgo.Record, retry bool) (int, exit) {
 	// time between two rebalances would start again from the same record
 	// with each owner, for ever; stopping at once, each owner would settle
 	// little more than one event when rebalances come every few seconds.
-	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense, w.settle
+	// A lone record is tried in the plain transaction whatever came
+	// before: the cheapest in round trips, and its isolation, if it fails
+	// on its data, is one savepoint group.
+	b.AllowPrefix, b.Isolate, b.Stop = true, w.dense && len(part) > 1, w.settle
 	b.DeferOffset = !retry && w.mayDeferOffset()
 	defer func() {
 		// Nothing keeps a batch's events once it is written or given up

@@ -49,24 +49,18 @@ var errOutOfTime = errors.New("isolation out of time")
 // before that group's first event (their claims, their dead letters;
 // culprits named beyond it are dropped, and found again by the batch that
 // writes the rest) and that event's offset as next. Otherwise next is
-// b.NextOffset. The dead letters returned are logged.
-func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending, stopAt time.Time, stop <-chan struct{}) (outcome, int64, error) {
+// b.NextOffset. The dead letters returned are logged. failed is the data
+// error b's plain transaction failed with (nil when isolate runs first,
+// Batch.Isolate): when todo holds one event, that event is the culprit,
+// dead-lettered with failed without a group.
+func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pending, stopAt time.Time, stop <-chan struct{}, failed error) (outcome, int64, error) {
 	ctx, span := w.tracer.Start(ctx, "sink.isolate")
 	defer span.End()
 	fail := func(err error) (outcome, int64, error) {
 		span.SetStatus(codes.Error, err.Error())
 		return outcome{}, 0, err
 	}
-	held, err := w.hold(ctx, tx, todo)
-	if err != nil {
-		return fail(fmt.Errorf("isolate: %w", err))
-	}
-	// One round trip: checks from now on are immediate, and the first
-	// group's savepoint.
-	if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT `+savepoint); err != nil {
-		return fail(fmt.Errorf("isolate: %w", err))
-	}
-	is := &isolation{w: w, tx: tx, b: b, held: held, stopAt: stopAt, stop: stop, byEvent: map[int][]pending{}}
+	is := &isolation{w: w, tx: tx, b: b, stopAt: stopAt, stop: stop, byEvent: map[int][]pending{}}
 	if b.Isolate {
 		is.seed = denseAfter // as if the batch went on from that many culprits
 	}
@@ -81,7 +75,23 @@ func (w *Writer) isolate(ctx context.Context, tx pgx.Tx, b *Batch, todo []pendin
 		is.first = events[0]
 	}
 	next := b.NextOffset
-	err = is.try(ctx, events)
+	var err error
+	if len(events) == 1 && failed != nil {
+		// The plain transaction failed on the data of its lone event: no
+		// group need try it again (over a slow link, a few round trips
+		// fewer are what lets the transaction end in time).
+		is.culprit(events[0], failed)
+	} else {
+		if is.held, err = w.hold(ctx, tx, todo); err != nil {
+			return fail(fmt.Errorf("isolate: %w", err))
+		}
+		// One round trip: checks from now on are immediate, and the first
+		// group's savepoint.
+		if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE; SAVEPOINT `+savepoint); err != nil {
+			return fail(fmt.Errorf("isolate: %w", err))
+		}
+		err = is.try(ctx, events)
+	}
 	if errors.Is(err, errOutOfTime) {
 		// Culprits named beyond the cut are found again with the rest.
 		next, err = b.Events[is.cut].Offset, nil

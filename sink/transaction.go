@@ -127,12 +127,12 @@ func (w *Writer) Write(ctx context.Context, b *Batch) (Result, error) {
 
 	res.Attempts++
 	isolating := b.Isolate && len(todo) > 0
-	out, err := w.transaction(ctx, b, todo, conflicts, isolating)
+	out, err := w.transaction(ctx, b, todo, conflicts, isolating, nil)
 	if err != nil && !isolating && isolatable(err) {
 		w.log.Warn("batch failed on a data error; isolating the events that cause it",
 			"topic", b.Topic, "partition", b.Partition, "offset", firstOffset(b), "batch_size", len(b.Events), "err", err)
 		res.Attempts++
-		out, err = w.transaction(ctx, b, todo, conflicts, true)
+		out, err = w.transaction(ctx, b, todo, conflicts, true, err)
 	}
 	if err != nil {
 		return res, err
@@ -249,7 +249,12 @@ func (e *commitError) Unwrap() error { return e.err }
 // transaction runs one transaction: apply (or isolate), dead letters (b's,
 // the cache's conflicts, and the events refused in it), offset
 // compare-and-set, commit.
-func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conflicts []DeadLetter, isolate bool) (_ outcome, err error) {
+//
+// failed, with isolate, is the data error the batch's plain transaction
+// failed with (nil when there was none): when todo holds one event, that
+// event is the culprit, and the isolation dead-letters it without trying
+// it again.
+func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conflicts []DeadLetter, isolate bool, failed error) (_ outcome, err error) {
 	if isolate {
 		parent := ctx
 		defer func() {
@@ -275,7 +280,7 @@ func (w *Writer) transaction(ctx context.Context, b *Batch, todo []pending, conf
 			stopAt, stop = start.Add(w.cfg.TxTimeout/2), b.Stop
 		}
 		var next int64
-		out, next, err = w.isolate(ctx, tx, b, todo, stopAt, stop)
+		out, next, err = w.isolate(ctx, tx, b, todo, stopAt, stop, failed)
 		out.next = next
 	} else {
 		out, err = w.apply(ctx, tx, b, todo, nil)
