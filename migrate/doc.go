@@ -4,6 +4,7 @@
 // component's tables exist before the first event is enqueued or consumed.
 //
 // Applied versions are recorded per component in the schema's
-// schema_migrations table; an advisory lock lets several processes migrate
-// one schema at once.
+// schema_migrations table; an advisory lock of the schema lets several
+// processes migrate one schema at once, and migrations of other schemas in
+// the database do not wait for them.
 package migrate

@@ -20,8 +20,8 @@ type Func func(ctx context.Context, pool *pgxpool.Pool, schema string) error
 // Apply applies, in name order, every NNNN_name.sql file in the folder dir
 // of fsys that schema_migrations does not yet record for component,
 // creating schema if needed. Each file runs in its own transaction with
-// search_path set to schema, under an advisory lock so that concurrent
-// migrators wait for one another. It is idempotent. The error names the
+// search_path set to schema, under an advisory lock of schema (Hold) so
+// that concurrent migrators of it wait for one another. It is idempotent. The error names the
 // component, the file and the schema.
 func Apply(ctx context.Context, pool *pgxpool.Pool, schema, component string, fsys fs.FS, dir string) error {
 	files, err := fs.Glob(fsys, path.Join(dir, "*.sql"))
@@ -47,11 +47,21 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema, component string, fs
 	return nil
 }
 
+// Hold takes, for the rest of tx, the lock migrations of schema take:
+// migrations of one schema run one at a time; those of other schemas do
+// not wait for them.
+func Hold(ctx context.Context, tx pgx.Tx, schema string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('onceflow.migrate/' || $1))`, schema)
+	return err
+}
+
 // applyFile runs one migration in tx unless schema_migrations records it.
 func applyFile(ctx context.Context, tx pgx.Tx, schema, component string, version int, name, body string) error {
+	if err := Hold(ctx, tx, schema); err != nil {
+		return err
+	}
 	schemaID := pgx.Identifier{schema}.Sanitize()
 	for _, stmt := range []string{
-		`SELECT pg_advisory_xact_lock(hashtext('onceflow.migrate'))`,
 		`CREATE SCHEMA IF NOT EXISTS ` + schemaID,
 		`SET LOCAL search_path TO ` + schemaID,
 		`CREATE TABLE IF NOT EXISTS schema_migrations (

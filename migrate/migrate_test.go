@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/onceflow/onceflow/migrate"
 	"github.com/onceflow/onceflow/sink/sinktest"
@@ -57,5 +58,35 @@ func TestApplyErrors(t *testing.T) {
 				t.Errorf("err = %v, want it to say %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A migration of one schema never waits for another schema's: onceflow
+// deployments in two schemas of one database migrate on their own (a
+// member migrating over a slow link held one lock for every schema, and a
+// migration elsewhere timed out behind it). Two migrations of one schema
+// still wait for each other.
+func TestApplyWaitsOnlyForItsSchema(t *testing.T) {
+	pool := sinktest.Pool(t)
+	busy, other := sinktest.Schema(t, pool), sinktest.Schema(t, pool)
+	fsys := fstest.MapFS{"m/0001_table.sql": {Data: []byte(`CREATE TABLE things (n int);`)}}
+	// A migration of busy holds the lock from here on, as a slow one would.
+	held, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Rollback(context.Background()) //nolint:errcheck
+	if err := migrate.Hold(t.Context(), held, busy); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := migrate.Apply(ctx, pool, other, "test", fsys, "m"); err != nil {
+		t.Fatalf("migrating %s while %s's migration runs: %v", other, busy, err)
+	}
+	short, cancelShort := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancelShort()
+	if err := migrate.Apply(short, pool, busy, "test", fsys, "m"); err == nil {
+		t.Errorf("a second migration of %s did not wait for the one running", busy)
 	}
 }
