@@ -381,7 +381,9 @@ func (r *Replayer) Plan(ctx context.Context, req Request) (*Plan, error) {
 			if p.OutOfRange != "" {
 				reset()
 			} else if req.Target.Start {
-				p.Target = s.Offset
+				// An offset only Kafka has, below the log start, moves
+				// nothing: a member starts such a partition there itself.
+				p.Target = min(s.Offset, cur)
 			}
 		case !req.Target.Time.IsZero():
 			if p.OutOfRange != "" {

@@ -103,6 +103,28 @@ func TestResetOutOfRange(t *testing.T) {
 			maps.Copy(want, more.Unique)
 			e.check(want)
 		})
+		t.Run("an offset only Kafka has, below the log start", func(t *testing.T) {
+			e := newEnv(t, seeds)
+			e.produceOn(0, stream(t, 30).Messages)
+			e.deleteBelow(0, 20)
+			var o kadm.Offsets
+			o.Add(kadm.Offset{Topic: e.topic, Partition: 0, At: 5, LeaderEpoch: -1})
+			resp, err := kadm.NewClient(e.client()).CommitOffsets(t.Context(), e.group, o)
+			if err == nil {
+				err = resp.Error()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan, err := e.replayer(0).Plan(t.Context(), replay.Request{Target: replay.Target{Start: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What the dry run shows is what the rewind does: nothing.
+			if p0 := plan.Partitions[0]; p0.Current != 5 || p0.Target != 5 || p0.Moves() {
+				t.Errorf("partition 0 (Kafka's offset 5, the log from 20): %d -> %d, moves %v; want it not moved", p0.Current, p0.Target, p0.Moves())
+			}
+		})
 		t.Run("below the log start", func(t *testing.T) {
 			e := newEnv(t, seeds)
 			s := stream(t, 40)
