@@ -547,15 +547,7 @@ func TestPausedOutOfRangeHasLag(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.produceMessages(more.Messages)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			lag = m.c.Lag()
-			if len(lag) == 1 && lag[0].Lag == 150 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("lag of the paused partition 30s after 50 more records: %+v, want 150", lag)
-			}
-		}
+		waitLag(t, m, 150, "of the paused partition after 50 more records", nil)
 		if got := e.processed(); got != 0 {
 			t.Errorf("applied %d events from a paused partition", got)
 		}
@@ -866,15 +858,8 @@ func TestLogStartPassesTheFetchOffset(t *testing.T) {
 				if policy == processor.ResumeAtLogStart {
 					e.waitProcessed(at+50, 60*time.Second)
 				} else {
-					for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-						lag := m.c.Lag()
-						if m.c.Stats().Workers == 0 && len(lag) == 1 && lag[0].Lag == 50 {
-							break
-						}
-						if time.Now().After(deadline) {
-							t.Fatalf("30s after the finding: %d workers, lag %+v; want the partition paused, its lag its log (50)", m.c.Stats().Workers, lag)
-						}
-					}
+					waitLag(t, m, 50, "after the finding, the partition paused with no worker",
+						func() bool { return m.c.Stats().Workers == 0 })
 					time.Sleep(time.Second) // nothing more is written
 				}
 				m.stop(t)
@@ -949,15 +934,7 @@ func TestLagWhileTheQueueIsFull(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.produceMessages(more.Messages)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			lag := m.c.Lag()
-			if len(lag) == 1 && lag[0].Lag == 4000 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("lag 30s after the log grew to 4000 records, none written: %+v; want 4000", lag)
-			}
-		}
+		waitLag(t, m, 4000, "after the log grew to 4000 records, none written", nil)
 		m.stop(t)
 	})
 }
@@ -1009,4 +986,19 @@ func TestKafkaCommittedOffsetBelowTheLogStart(t *testing.T) {
 			t.Errorf("applied %d events, want 100 (offsets 200 to 300)", got)
 		}
 	})
+}
+
+// waitLag waits up to 30s until m's one partition has lag want (and cond,
+// when not nil, holds), failing with what otherwise.
+func waitLag(t *testing.T, m *member, want int64, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		lag := m.c.Lag()
+		if len(lag) == 1 && lag[0].Lag == want && (cond == nil || cond()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lag %s: %+v (%d workers) after 30s; want one partition at %d", what, lag, m.c.Stats().Workers, want)
+		}
+	}
 }

@@ -82,17 +82,20 @@ func (c *Consumer) settleOutOfRange(ctx context.Context) {
 			case n.at >= b.start:
 				where = "" // in the log again (the answer was stale): fetch from there
 			}
-			action := "consuming from the log start (kafka.offset_out_of_range: earliest)"
 			// The policy is for offsets Postgres stores: one the group
 			// committed in Kafka only (another consumer's, or before this
 			// schema) is a hint, and goes to the log start, as a member
 			// with no offset at all starts.
-			pause := c.cfg.OffsetOutOfRange == PauseOnOutOfRange && n.w.stored.Load()
-			if !n.w.stored.Load() {
-				action = "Postgres stores no offset for the partition (the offset was the group's committed one in Kafka): consuming from the log start"
-			}
-			if pause {
+			stored := n.w.stored.Load()
+			pause := c.cfg.OffsetOutOfRange == PauseOnOutOfRange && stored
+			var action string
+			switch {
+			case pause:
 				action = "the records fetched before are written, then the partition stays paused (kafka.offset_out_of_range: pause) until its offsets are reset"
+			case !stored:
+				action = "Postgres stores no offset for the partition (the offset was the group's committed one in Kafka): consuming from the log start"
+			default:
+				action = "consuming from the log start (kafka.offset_out_of_range: earliest)"
 			}
 			c.mu.Lock()
 			part := c.parts[k]
