@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,8 +35,9 @@ type RelayConfig struct {
 	// Default 30s.
 	MaxBackoff time.Duration
 	// ProduceTimeout bounds waiting for one claimed batch to be produced;
-	// default 10s. Rows the client has not delivered by then stay leased
-	// (the client may still deliver them).
+	// default 10s. Rows the client has not delivered by then stay the
+	// relay's while the client holds them: their lease is renewed, and
+	// they are marked once the client delivers or fails them.
 	ProduceTimeout time.Duration
 	// QueryTimeout bounds each Postgres round trip; default 5s.
 	QueryTimeout time.Duration
@@ -63,6 +65,12 @@ type Relay struct {
 	log    *slog.Logger
 
 	afterPublish func() error // test hook: runs between produce and mark, as a relay dying there
+
+	// held are the rows the client still held when a pass stopped waiting
+	// for them (wire.ErrStillProducing), by id, until a pass marks how
+	// they settled; see hold and settled.
+	heldMu sync.Mutex
+	held   map[int64]*heldRow
 	// sleep waits d or until ctx ends, reporting whether d passed; a test
 	// hook (default sleepCtx).
 	sleep func(ctx context.Context, d time.Duration) bool
@@ -113,7 +121,7 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) (*Relay, erro
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Relay{pool: pool, cl: cl, cfg: cfg, table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(),
-		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log, sleep: sleepCtx}, nil
+		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log, sleep: sleepCtx, held: map[int64]*heldRow{}}, nil
 }
 
 func (cfg RelayConfig) validate(pool *pgxpool.Pool, cl *kgo.Client) error {
@@ -180,7 +188,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		if claimed == r.cfg.BatchSize && err == nil {
 			continue // more may be pending
 		}
-		if !r.sleep(ctx, max(wait, r.cfg.Poll)) {
+		sleep := max(wait, r.cfg.Poll)
+		if r.holding() {
+			sleep = min(sleep, r.cfg.Lease/3) // the next pass renews their lease
+		}
+		if !r.sleep(ctx, sleep) {
 			return nil
 		}
 	}
@@ -196,13 +208,20 @@ func (r *Relay) Run(ctx context.Context) error {
 //  3. mark: published rows get published_at, rows the broker refused
 //     (too large, invalid: [Refused]) get failed_at and fail_reason and are
 //     not tried again, and the lease of rows that failed otherwise is
-//     released so the next pass retries them. Rows still in the client
-//     when ProduceTimeout ran out stay leased.
+//     released so the next pass retries them.
 //
-// A relay that dies between 1 and 3 leaves its rows leased; once the lease
-// runs out another relay publishes them again, a duplicate the consumer
-// side absorbs. The error reports rows that could not be published and
-// will be retried; refused rows are logged, not returned.
+// A row still in the client when ProduceTimeout ran out (a broker that
+// went silent mid-produce) stays this relay's: each pass renews its lease
+// and leaves it out of its claim until the client delivers or fails it,
+// and the pass after that marks it as step 3 does (a delivered row counts
+// among the rows published). Producing it again while the client still
+// holds it would put a second copy on the topic once the broker answers.
+//
+// A relay that dies between 1 and 3, or stops while the client holds
+// rows, leaves them leased; once the lease runs out another relay
+// publishes them again, a duplicate the consumer side absorbs. The error
+// reports rows that could not be published and will be retried; refused
+// rows are logged, not returned.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	_, published, err := r.relay(ctx)
 	return published, err
@@ -235,70 +254,174 @@ type pendingRow struct {
 	traceparent string
 }
 
+// heldRow is a row the client held when its pass stopped waiting: its
+// span ends when the client settles it.
+type heldRow struct {
+	row     pendingRow
+	span    trace.Span
+	settled bool
+	err     error // the client's outcome, once settled
+}
+
 func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
-	rows, err := r.claim(ctx)
+	var m marks
+	if settled, holding := r.heldRows(); len(settled)+len(holding) > 0 {
+		// The rows the client settled since the last pass are marked, and
+		// the lease of those it holds renewed, before anything is claimed.
+		var failed []*heldRow
+		for _, h := range settled {
+			if err := r.sortOutcome(&m, h.row, h.err); err != nil {
+				failed = append(failed, h)
+			}
+		}
+		m.renew = holding
+		if err := r.mark(ctx, m); err != nil {
+			return 0, 0, err
+		}
+		r.forget(settled)
+		for _, h := range failed {
+			r.log.Warn("outbox row failed after the produce timeout: retrying", "event_id", h.row.event, "topic", h.row.topic, "err", h.err)
+		}
+		published, m = len(m.ok), marks{renew: holding}
+	}
+	rows, err := r.claim(ctx, m.renew)
 	if err != nil || len(rows) == 0 {
-		return 0, 0, err
+		return 0, published, err
 	}
 	recs := make([]*kgo.Record, len(rows))
 	spans := make([]trace.Span, len(rows))
 	for i, row := range rows {
 		recs[i], spans[i] = r.record(ctx, row.topic, row.event, row.payload, row.traceparent)
 	}
-	outcome := r.produce(ctx, recs)
-	var ok, retry []int64
-	var refused []refusal
+	outcome := wire.ProduceThen(ctx, r.cl, recs, r.cfg.ProduceTimeout, func(i int, err error) { r.settled(rows[i], err) })
 	var firstErr error
 	for i, err := range outcome {
-		endSpan(spans[i], err)
-		switch {
-		case err == nil:
-			ok = append(ok, rows[i].id)
-		case errors.Is(err, wire.ErrStillProducing):
-			// Left leased: the client may still deliver it. Once the lease
-			// runs out it is published again, a duplicate the consumer
-			// side absorbs.
-		case Refused(err):
-			refused = append(refused, refusal{rows[i].id, err.Error()})
-			r.log.Warn("outbox row refused by the broker: marked failed", "event_id", rows[i].event, "topic", rows[i].topic,
-				"bytes", len(rows[i].payload), "err", err)
-		default:
-			retry = append(retry, rows[i].id)
+		if errors.Is(err, wire.ErrStillProducing) {
+			// The client still holds it: kept, its lease renewed, until
+			// it settles (its span ends then).
+			r.hold(rows[i], spans[i])
+			m.renew = append(m.renew, rows[i].id)
+		} else {
+			endSpan(spans[i], err)
 		}
-		if err != nil && !Refused(err) && firstErr == nil {
+		if err := r.sortOutcome(&m, rows[i], err); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
 	if r.afterPublish != nil {
 		if err := r.afterPublish(); err != nil {
-			return len(rows), 0, err
+			return len(rows), published, err
 		}
 	}
-	if err := r.mark(ctx, ok, refused, retry); err != nil {
-		return len(rows), 0, err
+	if err := r.mark(ctx, m); err != nil {
+		return len(rows), published, err
 	}
+	published += len(m.ok)
 	if firstErr != nil {
-		return len(rows), len(ok), fmt.Errorf("publish %d outbox rows: %d published, %d refused, the rest left for later: %w",
-			len(rows), len(ok), len(refused), firstErr)
+		return len(rows), published, fmt.Errorf("publish %d outbox rows: %d published, %d refused, the rest left for later: %w",
+			len(rows), len(m.ok), len(m.refused), firstErr)
 	}
-	return len(rows), len(ok), nil
+	return len(rows), published, nil
 }
 
-// produce produces recs, waiting at most ProduceTimeout; see wire.Produce.
-func (r *Relay) produce(ctx context.Context, recs []*kgo.Record) []error {
-	return wire.Produce(ctx, r.cl, recs, r.cfg.ProduceTimeout)
+// sortOutcome adds row to what m marks by the client's outcome err, and
+// returns err when the row is left for later (still in the client, or
+// failed and to be retried); a refused row is logged.
+func (r *Relay) sortOutcome(m *marks, row pendingRow, err error) error {
+	switch {
+	case err == nil:
+		m.ok = append(m.ok, row.id)
+	case errors.Is(err, wire.ErrStillProducing):
+		// Renewed by the caller, which holds it.
+	case Refused(err):
+		m.refused = append(m.refused, refusal{row.id, err.Error()})
+		r.log.Warn("outbox row refused by the broker: marked failed", "event_id", row.event, "topic", row.topic,
+			"bytes", len(row.payload), "err", err)
+		return nil
+	default:
+		m.retry = append(m.retry, row.id)
+	}
+	return err
+}
+
+// hold keeps row, which the client still holds, until a pass marks it;
+// the client may have settled it already (see settled).
+func (r *Relay) hold(row pendingRow, span trace.Span) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	h, ok := r.held[row.id]
+	if !ok {
+		h = &heldRow{row: row}
+		r.held[row.id] = h
+	}
+	h.span = span
+	if h.settled {
+		endSpan(span, h.err)
+	}
+}
+
+// settled records the client's late outcome of row; it runs on the
+// client's promise goroutine, possibly before the pass that produced row
+// has held it.
+func (r *Relay) settled(row pendingRow, err error) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	h, ok := r.held[row.id]
+	if !ok {
+		h = &heldRow{row: row}
+		r.held[row.id] = h
+	}
+	h.settled, h.err = true, err
+	if h.span != nil {
+		endSpan(h.span, err)
+	}
+}
+
+// heldRows returns the held rows the client has settled, and the ids of
+// those it still holds.
+func (r *Relay) heldRows() (settled []*heldRow, holding []int64) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	for id, h := range r.held {
+		if h.settled {
+			settled = append(settled, h)
+		} else {
+			holding = append(holding, id)
+		}
+	}
+	return settled, holding
+}
+
+// holding reports whether the client holds rows of this relay.
+func (r *Relay) holding() bool {
+	_, holding := r.heldRows()
+	return len(holding) > 0
+}
+
+// forget drops held rows once their outcome is marked.
+func (r *Relay) forget(rows []*heldRow) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	for _, h := range rows {
+		delete(r.held, h.row.id)
+	}
 }
 
 // claim leases up to BatchSize pending rows, oldest first, in one
-// committed statement.
-func (r *Relay) claim(ctx context.Context) ([]pendingRow, error) {
+// committed statement; the rows of skip (held by this relay's client) are
+// not taken, whatever their lease.
+func (r *Relay) claim(ctx context.Context, skip []int64) ([]pendingRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
+	if skip == nil {
+		skip = []int64{}
+	}
 	rows, err := r.pool.Query(ctx, `UPDATE `+r.table+` SET lease_until = now() + $2 * interval '1 microsecond'
 WHERE id IN (SELECT id FROM `+r.table+`
   WHERE published_at IS NULL AND failed_at IS NULL AND (lease_until IS NULL OR lease_until < now())
+    AND id <> ALL($3::bigint[])
   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, event_id, topic, payload, coalesce(traceparent, '')`, r.cfg.BatchSize, r.cfg.Lease.Microseconds())
+RETURNING id, event_id, topic, payload, coalesce(traceparent, '')`, r.cfg.BatchSize, r.cfg.Lease.Microseconds(), skip)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -319,29 +442,44 @@ type refusal struct {
 	reason string
 }
 
-// mark records what producing did, in one round trip.
-func (r *Relay) mark(ctx context.Context, ok []int64, refused []refusal, retry []int64) error {
+// marks are what a pass records of its rows.
+type marks struct {
+	ok      []int64   // delivered: published
+	refused []refusal // refused by the broker: failed
+	retry   []int64   // failed otherwise: the lease released
+	renew   []int64   // still in the client: the lease renewed
+}
+
+// mark records m, in one round trip.
+func (r *Relay) mark(ctx context.Context, m marks) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var b pgx.Batch
-	if len(ok) > 0 {
+	if len(m.ok) > 0 {
 		b.Queue(`UPDATE `+r.table+` SET published_at = now(), publishes = publishes + 1, lease_until = NULL
-WHERE id = ANY($1)`, ok)
+WHERE id = ANY($1)`, m.ok)
 	}
-	if len(refused) > 0 {
-		ids := make([]int64, len(refused))
-		reasons := make([]string, len(refused))
-		for i, f := range refused {
+	if len(m.refused) > 0 {
+		ids := make([]int64, len(m.refused))
+		reasons := make([]string, len(m.refused))
+		for i, f := range m.refused {
 			ids[i], reasons[i] = f.id, f.reason
 		}
 		b.Queue(`UPDATE `+r.table+` AS o SET failed_at = now(), fail_reason = f.reason, lease_until = NULL
 FROM unnest($1::bigint[], $2::text[]) AS f(id, reason) WHERE o.id = f.id`, ids, reasons)
 	}
-	if len(retry) > 0 {
-		b.Queue(`UPDATE `+r.table+` SET lease_until = NULL WHERE id = ANY($1)`, retry)
+	if len(m.retry) > 0 {
+		b.Queue(`UPDATE `+r.table+` SET lease_until = NULL WHERE id = ANY($1)`, m.retry)
+	}
+	if len(m.renew) > 0 {
+		b.Queue(`UPDATE `+r.table+` SET lease_until = now() + $2 * interval '1 microsecond'
+WHERE id = ANY($1) AND published_at IS NULL AND failed_at IS NULL`, m.renew, r.cfg.Lease.Microseconds())
+	}
+	if b.Len() == 0 {
+		return nil
 	}
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
-		return fmt.Errorf("mark %d outbox rows published, %d failed: %w", len(ok), len(refused), err)
+		return fmt.Errorf("mark %d outbox rows published, %d failed: %w", len(m.ok), len(m.refused), err)
 	}
 	return nil
 }
@@ -362,7 +500,7 @@ func Refused(err error) bool {
 // exactly what the relay sends.
 func (r *Relay) Publish(ctx context.Context, topic string, id uuid.UUID, payload []byte) error {
 	rec, span := r.record(ctx, topic, id, payload, "")
-	err := r.produce(ctx, []*kgo.Record{rec})[0]
+	err := wire.Produce(ctx, r.cl, []*kgo.Record{rec}, r.cfg.ProduceTimeout)[0]
 	endSpan(span, err)
 	return err
 }

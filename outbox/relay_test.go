@@ -2,12 +2,14 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -113,20 +115,7 @@ func TestProduceTimeoutBoundsTheRelay(t *testing.T) {
 			return nil, nil, false
 		}
 		// A broker that is not ready: retriable, not a refusal of the record.
-		preq := req.(*kmsg.ProduceRequest)
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range preq.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotEnoughReplicas.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return produceError(req.(*kmsg.ProduceRequest), kerr.NotEnoughReplicas), nil, true
 	})
 	cl := client(t, c.ListenAddrs(), kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }))
 	r := relay(t, pool, cl, RelayConfig{Schema: schema, ProduceTimeout: 300 * time.Millisecond})
@@ -183,4 +172,111 @@ func TestOldestPendingIsTheHeadOfTheQueue(t *testing.T) {
 	if age, err := r.OldestPending(ctx); err != nil || age != 0 {
 		t.Errorf("after publishing: OldestPending = %v, %v; want 0", age, err)
 	}
+}
+
+// A produce the broker answers only after the produce timeout and the
+// lease have both run out (a link that went silent mid-produce, then came
+// back) is published once: the relay keeps the row while the client still
+// holds it, renewing its lease and leaving it out of its claims, and marks
+// it published when the client delivers it. It used to take the row again
+// each time the lease ran out and produce it anew, a copy for each lease.
+func TestSilentBrokerPublishesOnce(t *testing.T) {
+	pool, schema, _ := setup(t)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ids := enqueue(t, store(t, pool, schema), 3)
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() { // the first produce: answered after 2 s
+			c.SleepControl(func() { time.Sleep(2 * time.Second) })
+		})
+		return nil, nil, false
+	})
+	r := relay(t, pool, client(t, c.ListenAddrs()), RelayConfig{Schema: schema, Poll: 20 * time.Millisecond,
+		ProduceTimeout: 200 * time.Millisecond, QueryTimeout: 100 * time.Millisecond, Lease: 500 * time.Millisecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("rows unpublished after 20 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // a copy produced again would land by now
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ends, err := kadm.NewClient(client(t, c.ListenAddrs())).ListEndOffsets(t.Context(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var records int64
+	ends.Each(func(o kadm.ListedOffset) { records += o.Offset })
+	if records != int64(len(ids)) {
+		t.Errorf("%d records on the topic, want %d", records, len(ids))
+	}
+	got := published(t, c.ListenAddrs(), len(ids))
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Errorf("event %s on the topic %d times, want 1", id, got[id])
+		}
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox
+WHERE publishes = 1 AND failed_at IS NULL AND lease_until IS NULL`); n != int64(len(ids)) {
+		t.Errorf("%d of %d rows published once, lease released", n, len(ids))
+	}
+}
+
+// A row the client held past its pass and then failed is marked by the
+// next pass as a row failing in its own pass would be: refused by the
+// broker, failed with the reason; failed otherwise, its lease released
+// and the row produced again in that pass.
+func TestLateFailureIsMarked(t *testing.T) {
+	pool, schema, brokers := setup(t)
+	ids := enqueue(t, store(t, pool, schema), 2)
+	r := relay(t, pool, client(t, brokers), RelayConfig{Schema: schema})
+	rows, err := r.claim(t.Context(), nil) // leased, as a pass leaves them
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("claim = %d rows, %v", len(rows), err)
+	}
+	r.hold(rows[0], nil)
+	r.settled(rows[0], kerr.MessageTooLarge)
+	r.settled(rows[1], errors.New("connection reset by peer")) // before its pass held it
+	if n, err := r.RelayOnce(t.Context()); err != nil || n != 1 {
+		t.Fatalf("RelayOnce = %d, %v; want the row that failed otherwise published", n, err)
+	}
+	if got := published(t, brokers, 1); got[ids[1]] != 1 || len(got) != 1 {
+		t.Errorf("on the topic: %v, want %s once", got, ids[1])
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE id = $1
+AND failed_at IS NOT NULL AND fail_reason LIKE '%MESSAGE_TOO_LARGE%' AND lease_until IS NULL AND publishes = 0`, rows[0].id); n != 1 {
+		t.Error("the refused row is not marked failed with its reason")
+	}
+	if settled, holding := r.heldRows(); len(settled)+len(holding) != 0 {
+		t.Errorf("still held: %d settled, %d in the client", len(settled), len(holding))
+	}
+}
+
+// produceError answers req with code for every partition it names.
+func produceError(req *kmsg.ProduceRequest, code *kerr.Error) *kmsg.ProduceResponse {
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = code.Code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
