@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -179,6 +180,10 @@ func (s *Seed) readOrder(w http.ResponseWriter, r *http.Request) (uuid.UUID, []b
 		return uuid.Nil, nil, o, false
 	}
 	rawKey := r.Header.Get("Idempotency-Key")
+	if keys := r.Header.Values("Idempotency-Key"); len(keys) > 1 && slices.ContainsFunc(keys, func(k string) bool { return k != rawKey }) {
+		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is given %d times with different values: send one key", len(keys))
+		return uuid.Nil, nil, o, false
+	}
 	if rawKey == "" {
 		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is required: a UUID the client chooses once per order and repeats on every retry")
 		return uuid.Nil, nil, o, false
