@@ -156,3 +156,36 @@ func BenchmarkCacheRemember(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*1000)/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkInsertClaim measures InsertClaim of 1000 keys with their
+// digests, of which 300 were claimed before (a steady stream's
+// redeliveries), each in a transaction of its own.
+func BenchmarkInsertClaim(b *testing.B) {
+	pool := sinktest.Pool(b)
+	schema := sinktest.Schema(b, pool)
+	ctx := b.Context()
+	const n, present = 1000, 300
+	keys := make([]dedup.Key, n)
+	digests := make([]dedup.Digest, n)
+	for b.Loop() {
+		for i := range keys {
+			keys[i] = dedup.Key{EventID: uuid.New(), Handler: "emailHandler"}
+			digests[i] = dedup.PayloadDigest(keys[i].EventID[:])
+		}
+		var c dedup.Claims
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			if _, err = dedup.InsertClaim(ctx, tx, schema, "kafka", "", keys[:present], digests[:present]); err != nil {
+				return err
+			}
+			c, err = dedup.InsertClaim(ctx, tx, schema, "kafka", "0af7651916cd43dd8448eb211c80319c", keys, digests)
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if c.Claimed[0] || !c.Claimed[n-1] {
+			b.Fatalf("claimed[0] = %v, claimed[%d] = %v: want false, true", c.Claimed[0], n-1, c.Claimed[n-1])
+		}
+	}
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "keys/s")
+}

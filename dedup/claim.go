@@ -297,9 +297,11 @@ func newClaimSet(keys []Key, digests []Digest, bus, traceID string, slice int32)
 	return c
 }
 
+// digest is the digest stored with keys[i], in place in c.digests (a
+// slice of a Digest value would copy it to the heap), nil for none.
 func (c claimSet) digest(i int) []byte {
-	if i < len(c.digests) {
-		return c.digests[i].bytes()
+	if i < len(c.digests) && c.digests[i] != (Digest{}) {
+		return c.digests[i][:]
 	}
 	return nil
 }
@@ -560,27 +562,36 @@ func (c claimSet) appendBinary(b []byte) []byte {
 // insertClaims inserts c with ON CONFLICT DO NOTHING, sets claimed[i]
 // for each key it inserted and returns how many it inserted. A key
 // present is not claimed: the statement waits for a concurrent
-// transaction that holds it, like any unique-index insert.
+// transaction that holds it, like any unique-index insert. On a pgx
+// transaction using the extended protocol, the parameters are encoded
+// here (see binaryParams); otherwise through pgx.
 func (t tables) insertClaims(ctx context.Context, q Querier, c claimSet, claimed []bool) (int, error) {
-	ids := make(uuidArray, len(c.todo))
-	handlers := make([]string, len(c.todo))
-	ds := make([][]byte, len(c.todo))
-	for j, i := range c.todo {
-		ids[j] = uuidParam(c.keys[i].EventID)
-		handlers[j] = c.keys[i].Handler
-		if i < len(c.digests) && c.digests[i] != (Digest{}) {
-			ds[j] = c.digests[i][:] // in place: no copy of each digest
-		}
-	}
 	// The rows come in the order of todo; WITH ORDINALITY numbers them.
-	rows, err := q.Query(ctx, `INSERT INTO `+t.slice(c.slice)+` (event_id, handler, bus, trace_id, payload_digest, slice)
+	sql := `INSERT INTO ` + t.slice(c.slice) + ` (event_id, handler, bus, trace_id, payload_digest, slice)
 SELECT k.event_id, k.handler, $3, $4, k.digest, $6
 FROM unnest($1::uuid[], $2::text[], $5::bytea[]) WITH ORDINALITY AS k(event_id, handler, digest, j)
 ORDER BY k.j
 ON CONFLICT (event_id, handler, slice) DO NOTHING
-RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
-	if err != nil {
-		return 0, fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
+RETURNING event_id, handler`
+	var rows rawRows
+	if conn, ok := binaryConn(q); ok {
+		p := c.insertParams()
+		defer p.release()
+		rows = execBinary(ctx, conn, "INSERT", sql, p, len(c.todo))
+	} else {
+		ids := make(uuidArray, len(c.todo))
+		handlers := make([]string, len(c.todo))
+		ds := make([][]byte, len(c.todo))
+		for j, i := range c.todo {
+			ids[j] = uuidParam(c.keys[i].EventID)
+			handlers[j] = c.keys[i].Handler
+			ds[j] = c.digest(i) // in place: no copy of each digest
+		}
+		r, err := q.Query(ctx, sql, ids, handlers, c.bus, c.trace, ds, c.slice)
+		if err != nil {
+			return 0, fmt.Errorf("insert claims into %s: %w", sliceName(c.slice), err)
+		}
+		rows = r
 	}
 	n, err := c.readInserted(rows, claimed)
 	if err != nil {
@@ -589,12 +600,57 @@ RETURNING event_id, handler`, ids, handlers, c.bus, c.trace, ds, c.slice)
 	return n, nil
 }
 
+// insertParams encodes insertClaims' parameters $1 to $6.
+func (c claimSet) insertParams() *binaryParams {
+	size := 6 * 20
+	for _, i := range c.todo {
+		size += 3*4 + 16 + len(c.keys[i].Handler) + len(c.digest(i))
+	}
+	p := newBinaryParams(size)
+	p.array(len(c.todo), oidUUID, false)
+	for _, i := range c.todo {
+		p.element(c.keys[i].EventID[:])
+	}
+	p.end(oidUUIDArray)
+	p.array(len(c.todo), oidText, false)
+	for _, i := range c.todo {
+		p.textElement(c.keys[i].Handler)
+	}
+	p.end(oidTextArray)
+	p.text(c.bus)
+	p.nullableText(c.trace)
+	nulls := false
+	for _, i := range c.todo {
+		if c.digest(i) == nil {
+			nulls = true
+			break
+		}
+	}
+	p.array(len(c.todo), oidBytea, nulls)
+	for _, i := range c.todo {
+		p.element(c.digest(i))
+	}
+	p.end(oidByteaArr)
+	p.int4(c.slice)
+	return p
+}
+
+// rawRows are the methods of pgx.Rows that readInserted uses; a
+// *resultRows has them too.
+type rawRows interface {
+	Next() bool
+	RawValues() [][]byte
+	FieldDescriptions() []pgconn.FieldDescription
+	Err() error
+	Close()
+}
+
 // readInserted reads the (event_id, handler) rows an insert of c returned,
 // sets claimed[i] for each key of c.todo among them and returns how many
 // there were. It reads the rows' raw values and finds each key by binary
 // search in c.todo, which is in (event_id, handler) order: no map, and no
 // string for each handler.
-func (c claimSet) readInserted(rows pgx.Rows, claimed []bool) (int, error) {
+func (c claimSet) readInserted(rows rawRows, claimed []bool) (int, error) {
 	defer rows.Close()
 	n := 0
 	for rows.Next() {

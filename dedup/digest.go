@@ -33,14 +33,6 @@ func (a Digest) Conflicts(b Digest) bool {
 	return a != Digest{} && b != Digest{} && a != b
 }
 
-// bytes is d as a bytea parameter: nil (NULL) when d is unknown.
-func (d Digest) bytes() []byte {
-	if d == (Digest{}) {
-		return nil
-	}
-	return d[:]
-}
-
 // Digests returns, index by index, the payload digest stored in
 // processed_events for each key: the zero Digest when the row has none
 // (written before digests existed) or does not exist. It is one round

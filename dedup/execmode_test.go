@@ -1,6 +1,8 @@
 package dedup_test
 
 import (
+	"encoding/hex"
+	"slices"
 	"testing"
 
 	"github.com/google/uuid"
@@ -41,13 +43,25 @@ func TestClaimExecModes(t *testing.T) {
 				// z new, y claimed just now, x before: the insert's parameters and
 				// RETURNING rows; y and x present, so the claim is contended.
 				z := dedup.Key{EventID: uuid.New(), Handler: "a"}
-				c, err = dedup.InsertClaim(ctx, tx, schema, "kafka", "0af7651916cd43dd8448eb211c80319c", []dedup.Key{z, y, x, z}, []dedup.Digest{d, {}, {}, d})
+				w := dedup.Key{EventID: uuid.New(), Handler: "wide handler ü"}
+				c, err = dedup.InsertClaim(ctx, tx, schema, "kafka", "0af7651916cd43dd8448eb211c80319c", []dedup.Key{z, y, x, z, w}, []dedup.Digest{d, {}, {}, d, {}})
 				if err != nil {
 					t.Errorf("insert claim: %v", err)
 					return err
 				}
-				if !c.Claimed[0] || c.Claimed[1] || c.Claimed[2] || c.Claimed[3] || c.Found[1] || c.Found[2] || !c.Contended {
-					t.Errorf("insert claim of z, y, x, z: %+v", c)
+				if !c.Claimed[0] || c.Claimed[1] || c.Claimed[2] || c.Claimed[3] || !c.Claimed[4] || c.Found[1] || c.Found[2] || !c.Contended {
+					t.Errorf("insert claim of z, y, x, z, w: %+v", c)
+				}
+				// What the insert stored: its parameters, a NULL digest among them.
+				var stored []string
+				rows, err := tx.Query(ctx, `SELECT handler || ' ' || bus || ' ' || coalesce(trace_id, '-') || ' ' || coalesce(encode(payload_digest, 'hex'), 'NULL') || ' ' || slice
+FROM `+table+` WHERE event_id = ANY($1::uuid[]) ORDER BY handler`, []string{z.EventID.String(), w.EventID.String()})
+				if err == nil {
+					stored, err = pgx.CollectRows(rows, pgx.RowTo[string])
+				}
+				want := []string{"a kafka 0af7651916cd43dd8448eb211c80319c " + hex.EncodeToString(d[:]) + " 0", "wide handler ü kafka 0af7651916cd43dd8448eb211c80319c NULL 0"}
+				if err != nil || !slices.Equal(stored, want) {
+					t.Errorf("stored by the insert: %q, %v; want %q", stored, err, want)
 				}
 				got, err := dedup.Claim(ctx, tx, schema, "kafka", "", []dedup.Key{y, x}, nil)
 				if err != nil || got[0] || got[1] {
