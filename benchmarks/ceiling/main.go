@@ -19,6 +19,12 @@
 //	                   the slice in the key; written into the slice (-parent: the parent)
 //	-layout narrow     (event_id, handler smallint), PRIMARY KEY (event_id, handler):
 //	                   no bus, no processed_at
+//	-layout none       no processed_events: the effects alone (emails_sent and its
+//	                   event_id index), what a drain costs without any dedup row
+//	-slice-events N    with -layout onceflow: a new slice every N events, each batch
+//	                   written into its slice after a look-up of its ids in the older
+//	                   ones (a slice is analyzed when the next one starts), as a claim
+//	                   does with retention's older slices
 //	-ids v4|v7         random or time-ordered event ids
 //	-handlers N        N processed_events rows per event (one emails_sent row still)
 //	-lookup            before the COPY, look the batch's event ids up in processed_events
@@ -86,6 +92,7 @@ type options struct {
 	insert    bool
 	every     int
 	dups      float64
+	sliceEv   int
 }
 
 func main() {
@@ -95,7 +102,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 1000, "events per transaction")
 	flag.IntVar(&o.conns, "conns", 2, "connections writing at once")
 	flag.IntVar(&o.rounds, "rounds", 1, "rounds, each in a new schema; the median is reported")
-	flag.StringVar(&o.layout, "layout", "seed", "processed_events layout: seed, onceflow or narrow")
+	flag.StringVar(&o.layout, "layout", "seed", "processed_events layout: seed, onceflow or narrow; none writes only the effects")
 	flag.StringVar(&o.ids, "ids", "v4", "event ids: v4 (random) or v7 (time-ordered)")
 	flag.IntVar(&o.handlers, "handlers", 1, "processed_events rows per event (handlers)")
 	flag.BoolVar(&o.parent, "parent", false, "with -layout onceflow: COPY into the partitioned parent, not the slice")
@@ -105,6 +112,7 @@ func main() {
 	flag.BoolVar(&o.insert, "insert", false, "write the dedup rows by INSERT … ON CONFLICT DO NOTHING RETURNING, not COPY")
 	flag.Float64Var(&o.dups, "duplicates", 0, "with -insert: redeliveries per event, 0 to 1")
 	flag.IntVar(&o.every, "every", 0, "also print the rate over each this many events committed (0: not)")
+	flag.IntVar(&o.sliceEv, "slice-events", 0, "with -layout onceflow: a new slice every this many events, the older ones looked up first (0: one slice)")
 	flag.Parse()
 	if err := run(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "ceiling:", err)
@@ -127,9 +135,15 @@ func (o options) validate() error {
 		errs = append(errs, errors.New("-every: 0, or from -batch to -events"))
 	}
 	switch o.layout {
-	case "seed", "onceflow", "narrow":
+	case "seed", "onceflow", "narrow", "none":
 	default:
-		errs = append(errs, fmt.Errorf("-layout %q: seed, onceflow or narrow", o.layout))
+		errs = append(errs, fmt.Errorf("-layout %q: seed, onceflow, narrow or none", o.layout))
+	}
+	if o.sliceEv < 0 || (o.sliceEv > 0 && (o.layout != "onceflow" || o.parent || o.insert || o.lookup || o.sliceEv%o.batch != 0)) {
+		errs = append(errs, errors.New("-slice-events: with -layout onceflow, without -parent, -insert or -lookup, a multiple of -batch"))
+	}
+	if o.layout == "none" && (o.lookup || o.savepoint || o.insert || o.parent) {
+		errs = append(errs, errors.New("-layout none: without -lookup, -savepoint, -insert or -parent"))
 	}
 	if o.ids != "v4" && o.ids != "v7" {
 		errs = append(errs, fmt.Errorf("-ids %q: v4 or v7", o.ids))
@@ -230,6 +244,12 @@ func backendsCPU(ctx context.Context, pool *pgxpool.Pool) (time.Duration, bool) 
 	return total, true
 }
 
+// job is one transaction's events and the slice they go to.
+type job struct {
+	events []event
+	slice  int32
+}
+
 type event struct {
 	id         pgtype.UUID
 	userID     int64
@@ -268,6 +288,12 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 	if err := create(ctx, pool, schema, o.layout); err != nil {
 		return 0, cpu, err
 	}
+	for k := 1; o.sliceEv > 0 && k*o.sliceEv < o.events; k++ {
+		s := pgx.Identifier{schema}.Sanitize()
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.processed_events_s%d PARTITION OF %s.processed_events FOR VALUES IN (%d)`, s, k, s, k)); err != nil {
+			return 0, cpu, fmt.Errorf("create slice %d: %w", k, err)
+		}
+	}
 	if !o.keep {
 		defer func() {
 			if _, derr := pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); derr != nil {
@@ -302,12 +328,30 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 	}
 	emails := pgx.Identifier{schema, "emails_sent"}
 	progress := &windows{every: o.every}
-	write := func(ctx context.Context, b []event) error {
+	write := func(ctx context.Context, j job) error {
+		b := j.events
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
+		processed := processed
+		if j.slice > 0 {
+			processed = pgx.Identifier{schema, fmt.Sprintf("processed_events_s%d", j.slice)}
+			ids := make([]pgtype.UUID, len(b))
+			for i, e := range b {
+				ids[i] = e.id
+			}
+			rows, err := tx.Query(ctx, `SELECT event_id, handler FROM `+pgx.Identifier{schema, "processed_events"}.Sanitize()+
+				` WHERE event_id = ANY($1::uuid[]) AND slice < $2::integer`, ids, j.slice)
+			if err != nil {
+				return fmt.Errorf("look up older slices: %w", err)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("look up older slices: %w", err)
+			}
+		}
 		if o.lookup {
 			ids := make([]pgtype.UUID, len(b))
 			for i, e := range b {
@@ -340,7 +384,7 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 		}
 		row := make([]any, len(cols))
 		n := len(b) * o.handlers
-		if !o.insert {
+		if !o.insert && o.layout != "none" {
 			if _, err := tx.CopyFrom(ctx, processed, cols, pgx.CopyFromSlice(n, func(i int) ([]any, error) {
 				e, h := b[i/o.handlers], i%o.handlers
 				row[0] = e.id
@@ -351,7 +395,7 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 					row[1], row[2] = handlerNames[h], "kafka"
 				default:
 					digest := make([]byte, 16) // as wide as onceflow's digest
-					row[1], row[2], row[3], row[4], row[5] = handlerNames[h], "kafka", nil, digest, int32(0)
+					row[1], row[2], row[3], row[4], row[5] = handlerNames[h], "kafka", nil, digest, j.slice
 				}
 				return row, nil
 			})); err != nil {
@@ -376,7 +420,7 @@ func round(ctx context.Context, pool *pgxpool.Pool, o options) (rate float64, cp
 		progress.add(len(b))
 		return nil
 	}
-	jobs := make(chan []event)
+	jobs := make(chan job)
 	var wg sync.WaitGroup
 	errs := make([]error, o.conns)
 	ctx, cancel := context.WithCancel(ctx)
@@ -413,8 +457,22 @@ feed:
 				break feed
 			}
 		}
+		j := job{events: recs[i:min(i+o.batch, len(recs))]}
+		if o.sliceEv > 0 {
+			j.slice = int32(i / o.sliceEv)
+			if i > 0 && i%o.sliceEv == 0 {
+				// The slice that ends: analyzed, as a rotation leaves it
+				// for the look-ups.
+				prev := pgx.Identifier{schema, fmt.Sprintf("processed_events_s%d", j.slice-1)}
+				if _, err := pool.Exec(ctx, "ANALYZE "+prev.Sanitize()); err != nil {
+					feedErr = fmt.Errorf("analyze: %w", err)
+					cancel()
+					break feed
+				}
+			}
+		}
 		select {
-		case jobs <- recs[i:min(i+o.batch, len(recs))]:
+		case jobs <- j:
 		case <-ctx.Done():
 			break feed
 		}
@@ -623,6 +681,8 @@ func create(ctx context.Context, pool *pgxpool.Pool, schema, layout string) erro
     PRIMARY KEY (event_id, handler, slice)
 ) PARTITION BY LIST (slice);
 CREATE TABLE ` + s + `.processed_events_s0 PARTITION OF ` + s + `.processed_events FOR VALUES IN (0);`
+	case "none":
+		processed = `CREATE TABLE ` + s + `.processed_events (event_id uuid); -- not written`
 	}
 	_, err := pool.Exec(ctx, `CREATE SCHEMA `+s+`;
 `+processed+`
