@@ -349,11 +349,7 @@ func (r *Relay) sortOutcome(m *marks, row pendingRow, err error) error {
 func (r *Relay) hold(row pendingRow, span trace.Span) {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
-	h, ok := r.held[row.id]
-	if !ok {
-		h = &heldRow{row: row}
-		r.held[row.id] = h
-	}
+	h := r.heldEntry(row)
 	h.span = span
 	if h.settled {
 		endSpan(span, h.err)
@@ -366,15 +362,22 @@ func (r *Relay) hold(row pendingRow, span trace.Span) {
 func (r *Relay) settled(row pendingRow, err error) {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
+	h := r.heldEntry(row)
+	h.settled, h.err = true, err
+	if h.span != nil {
+		endSpan(h.span, err)
+	}
+}
+
+// heldEntry is row's entry in held, made if there is none; r.heldMu is
+// held.
+func (r *Relay) heldEntry(row pendingRow) *heldRow {
 	h, ok := r.held[row.id]
 	if !ok {
 		h = &heldRow{row: row}
 		r.held[row.id] = h
 	}
-	h.settled, h.err = true, err
-	if h.span != nil {
-		endSpan(h.span, err)
-	}
+	return h
 }
 
 // heldRows returns the held rows the client has settled, and the ids of
