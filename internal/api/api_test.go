@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/goleak"
 
 	"github.com/onceflow/onceflow/internal/api"
@@ -254,6 +256,12 @@ func TestReplayPublishesTheSameEvent(t *testing.T) {
 	s.pub.err = errors.New("broker down")
 	if code, _, body := s.do("POST", "/demo/replay-event/"+id, nil, ""); code != 502 || !strings.Contains(body["error"].(string), "broker down") {
 		t.Errorf("replay with a failing publisher: %d %v, want 502", code, body)
+	}
+	// An event the broker refuses (one just under ingest's 1 MiB, over the
+	// producer's record limit) is no gateway's failure.
+	s.pub.err = fmt.Errorf("%w (uncompressed_bytes=1000160)", kerr.MessageTooLarge)
+	if code, _, body := s.do("POST", "/demo/replay-event/"+id, nil, ""); code != 422 || !strings.Contains(body["error"].(string), "kafka refuses the event") {
+		t.Errorf("replay of an event the broker refuses: %d %v, want 422", code, body)
 	}
 }
 

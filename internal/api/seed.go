@@ -264,6 +264,11 @@ func (s *Seed) replay(w http.ResponseWriter, r *http.Request) {
 		payload = other
 	}
 	if err := s.cfg.Publisher.Publish(ctx, s.cfg.Topic, id, payload); err != nil {
+		if outbox.Refused(err) {
+			// No retry changes it: the broker refuses this record.
+			writeError(w, http.StatusUnprocessableEntity, "kafka refuses the event (%v): it cannot be published, so not replayed either", err)
+			return
+		}
 		writeError(w, http.StatusBadGateway, "publish to kafka: %v", err)
 		return
 	}
