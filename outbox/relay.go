@@ -61,6 +61,7 @@ type Relay struct {
 	cl     *kgo.Client
 	cfg    RelayConfig
 	table  string
+	owner  uuid.UUID // this relay's id in lease_owner
 	tracer trace.Tracer
 	log    *slog.Logger
 
@@ -120,7 +121,7 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) (*Relay, erro
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{pool: pool, cl: cl, cfg: cfg, table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(),
+	return &Relay{pool: pool, cl: cl, cfg: cfg, table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(), owner: uuid.New(),
 		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log, sleep: sleepCtx, held: map[int64]*heldRow{}}, nil
 }
 
@@ -268,10 +269,10 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 	if settled, holding := r.heldRows(); len(settled)+len(holding) > 0 {
 		// The rows the client settled since the last pass are marked, and
 		// the lease of those it holds renewed, before anything is claimed.
-		var failed []*heldRow
+		var failed *heldRow // the first of them, logged for all
 		for _, h := range settled {
-			if err := r.sortOutcome(&m, h.row, h.err); err != nil {
-				failed = append(failed, h)
+			if err := r.sortOutcome(&m, h.row, h.err); err != nil && failed == nil {
+				failed = h
 			}
 		}
 		m.renew = holding
@@ -279,8 +280,11 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			return 0, 0, err
 		}
 		r.forget(settled)
-		for _, h := range failed {
-			r.log.Warn("outbox row failed after the produce timeout: retrying", "event_id", h.row.event, "topic", h.row.topic, "err", h.err)
+		if failed != nil {
+			// One line a pass: a broker that came back after a long
+			// stall settles thousands of rows at once.
+			r.log.Warn("outbox rows failed after the produce timeout: retrying", "rows", len(m.retry),
+				"event_id", failed.row.event, "topic", failed.row.topic, "err", failed.err)
 		}
 		published, m = len(m.ok), marks{renew: holding}
 	}
@@ -294,7 +298,10 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 		recs[i], spans[i] = r.record(ctx, row.topic, row.event, row.payload, row.traceparent)
 	}
 	outcome := wire.ProduceThen(ctx, r.cl, recs, r.cfg.ProduceTimeout, func(i int, err error) { r.settled(rows[i], err) })
-	var firstErr error
+	var (
+		firstErr   error
+		firstTopic string // firstErr's row's
+	)
 	for i, err := range outcome {
 		if errors.Is(err, wire.ErrStillProducing) {
 			// The client still holds it: kept, its lease renewed, until
@@ -305,7 +312,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			endSpan(spans[i], err)
 		}
 		if err := r.sortOutcome(&m, rows[i], err); err != nil && firstErr == nil {
-			firstErr = err
+			firstErr, firstTopic = err, rows[i].topic
 		}
 	}
 	if r.afterPublish != nil {
@@ -318,8 +325,8 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 	}
 	published += len(m.ok)
 	if firstErr != nil {
-		return len(rows), published, fmt.Errorf("publish %d outbox rows: %d published, %d refused, the rest left for later: %w",
-			len(rows), len(m.ok), len(m.refused), firstErr)
+		return len(rows), published, fmt.Errorf("publish %d outbox rows: %d published, %d refused, the rest left for later: topic %s: %w",
+			len(rows), len(m.ok), len(m.refused), firstTopic, firstErr)
 	}
 	return len(rows), published, nil
 }
@@ -419,12 +426,12 @@ func (r *Relay) claim(ctx context.Context, skip []int64) ([]pendingRow, error) {
 	if skip == nil {
 		skip = []int64{}
 	}
-	rows, err := r.pool.Query(ctx, `UPDATE `+r.table+` SET lease_until = now() + $2 * interval '1 microsecond'
+	rows, err := r.pool.Query(ctx, `UPDATE `+r.table+` SET lease_until = now() + $2 * interval '1 microsecond', lease_owner = $4
 WHERE id IN (SELECT id FROM `+r.table+`
   WHERE published_at IS NULL AND failed_at IS NULL AND (lease_until IS NULL OR lease_until < now())
     AND id <> ALL($3::bigint[])
   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, event_id, topic, payload, coalesce(traceparent, '')`, r.cfg.BatchSize, r.cfg.Lease.Microseconds(), skip)
+RETURNING id, event_id, topic, payload, coalesce(traceparent, '')`, r.cfg.BatchSize, r.cfg.Lease.Microseconds(), skip, r.owner)
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -453,13 +460,17 @@ type marks struct {
 	renew   []int64   // still in the client: the lease renewed
 }
 
-// mark records m, in one round trip.
+// mark records m, in one round trip. A row delivered or refused is marked
+// whoever holds its lease (it is on the topic, or no relay can put it
+// there); a lease is released or renewed only where this relay holds it:
+// a row whose lease ran out before this relay's client settled it may
+// be another relay's by now.
 func (r *Relay) mark(ctx context.Context, m marks) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	var b pgx.Batch
 	if len(m.ok) > 0 {
-		b.Queue(`UPDATE `+r.table+` SET published_at = now(), publishes = publishes + 1, lease_until = NULL
+		b.Queue(`UPDATE `+r.table+` SET published_at = now(), publishes = publishes + 1, lease_until = NULL, lease_owner = NULL
 WHERE id = ANY($1)`, m.ok)
 	}
 	if len(m.refused) > 0 {
@@ -468,15 +479,15 @@ WHERE id = ANY($1)`, m.ok)
 		for i, f := range m.refused {
 			ids[i], reasons[i] = f.id, f.reason
 		}
-		b.Queue(`UPDATE `+r.table+` AS o SET failed_at = now(), fail_reason = f.reason, lease_until = NULL
+		b.Queue(`UPDATE `+r.table+` AS o SET failed_at = now(), fail_reason = f.reason, lease_until = NULL, lease_owner = NULL
 FROM unnest($1::bigint[], $2::text[]) AS f(id, reason) WHERE o.id = f.id`, ids, reasons)
 	}
 	if len(m.retry) > 0 {
-		b.Queue(`UPDATE `+r.table+` SET lease_until = NULL WHERE id = ANY($1)`, m.retry)
+		b.Queue(`UPDATE `+r.table+` SET lease_until = NULL, lease_owner = NULL WHERE id = ANY($1) AND lease_owner = $2`, m.retry, r.owner)
 	}
 	if len(m.renew) > 0 {
 		b.Queue(`UPDATE `+r.table+` SET lease_until = now() + $2 * interval '1 microsecond'
-WHERE id = ANY($1) AND published_at IS NULL AND failed_at IS NULL`, m.renew, r.cfg.Lease.Microseconds())
+WHERE id = ANY($1) AND lease_owner = $3 AND published_at IS NULL AND failed_at IS NULL`, m.renew, r.cfg.Lease.Microseconds(), r.owner)
 	}
 	if b.Len() == 0 {
 		return nil

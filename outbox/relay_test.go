@@ -280,3 +280,35 @@ func produceError(req *kmsg.ProduceRequest, code *kerr.Error) *kmsg.ProduceRespo
 	}
 	return resp
 }
+
+// A relay whose lease ran out while its client held a row (Postgres
+// unreachable for longer than the lease, so the lease was not renewed),
+// and which another relay then claimed, does not release that relay's
+// lease when its own client gives the row up: the row stays the other
+// relay's, not claimed and produced a third time.
+func TestLateFailureLeavesAnotherRelaysLease(t *testing.T) {
+	pool, schema, brokers := setup(t)
+	enqueue(t, store(t, pool, schema), 1)
+	a := relay(t, pool, client(t, brokers), RelayConfig{Schema: schema})
+	b := relay(t, pool, client(t, brokers), RelayConfig{Schema: schema})
+	ctx := t.Context()
+	rows, err := a.claim(ctx, nil)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("a's claim = %d rows, %v", len(rows), err)
+	}
+	a.hold(rows[0], nil) // a's client holds it
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.outbox SET lease_until = now() - interval '1 second'`); err != nil {
+		t.Fatal(err) // a could not renew it
+	}
+	if got, err := b.claim(ctx, nil); err != nil || len(got) != 1 {
+		t.Fatalf("b's claim after the lease = %d rows, %v", len(got), err)
+	}
+	b.hold(rows[0], nil)                                       // and b's client holds it now
+	a.settled(rows[0], errors.New("connection reset by peer")) // a's client gives it up
+	if n, err := a.RelayOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("a's pass = %d published, %v; want nothing: the row is b's", n, err)
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE lease_until > now()`); n != 1 {
+		t.Error("b's lease was released by a")
+	}
+}
