@@ -245,8 +245,10 @@ func (a *app) serveBrokers(o serveOptions, done *cleanup) ([]string, error) {
 
 func (a *app) serveRelay(pool *pgxpool.Pool, brokers []string, done *cleanup) (*outbox.Relay, error) {
 	id := a.cfg.Kafka.ClientID + "-relay"
+	// The topic is created on first use, as onceflow produce does, where
+	// the brokers create topics on request (with their default partitions).
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ClientID(id),
-		kgo.ProducerLinger(2 * time.Millisecond)}, a.kafkaOptions(id)...)...)
+		kgo.ProducerLinger(2 * time.Millisecond), kgo.AllowAutoTopicCreation()}, a.kafkaOptions(id)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}

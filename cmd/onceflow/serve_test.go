@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/internal/api/apitest"
 	"github.com/onceflow/onceflow/internal/config"
@@ -44,6 +47,12 @@ type seedServer struct {
 // startSeedServer starts serve with an embedded Kafka in a fresh schema,
 // with the default config edited by each of edits (given the schema).
 func startSeedServer(t *testing.T, edits ...func(c *config.Config, schema string)) *seedServer {
+	return startSeedServerOn(t, nil, edits...)
+}
+
+// startSeedServerOn is startSeedServer on brokers, an embedded Kafka when
+// nil.
+func startSeedServerOn(t *testing.T, brokers []string, edits ...func(c *config.Config, schema string)) *seedServer {
 	dsn := sinktest.DSN(t)
 	pool := sinktest.Pool(t)
 	schema := freshSchema(t, pool, "test_serve_")
@@ -53,13 +62,16 @@ func startSeedServer(t *testing.T, edits ...func(c *config.Config, schema string
 	}
 	cfg.Postgres.DSN, cfg.Postgres.Schema, cfg.HTTP.Addr = dsn, schema, "127.0.0.1:0"
 	cfg.Batch.Linger = 10 * time.Millisecond
+	if brokers != nil {
+		cfg.Kafka.Brokers = brokers
+	}
 	for _, edit := range edits {
 		edit(&cfg, schema)
 	}
 	logs := &syncBuffer{}
 	a := &app{cfg: cfg, log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := a.startServe(ctx, serveOptions{embeddedKafka: true, partitions: 3})
+	s, err := a.startServe(ctx, serveOptions{embeddedKafka: brokers == nil, partitions: 3})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -254,5 +266,41 @@ func TestServeWithOnlySQLHandlersTakesOrders(t *testing.T) {
 	}
 	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'emails_sent'`, s.schema); n != 0 {
 		t.Errorf("emails_sent exists without the demo's handlers")
+	}
+}
+
+// serve's relay creates the outbox's topic on first use, as onceflow
+// produce does, where the brokers create topics on request; the order is
+// then published and applied once.
+func TestServeCreatesItsTopic(t *testing.T) {
+	seeds, ok := testBrokers(t)["kafka"]
+	if !ok {
+		t.Skip(envKafka + " is not set: this needs a broker that creates topics on request")
+	}
+	brokers := seeds(t)
+	topic := "serve-created-" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	t.Cleanup(func() {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			return
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topic)
+	})
+	s := startSeedServerOn(t, brokers, func(c *config.Config, _ string) {
+		c.Kafka.Topics, c.Kafka.Group = []string{topic}, topic
+	})
+	id := "7f8a0000-0000-0000-0000-0000000000b2"
+	if code, _, body := s.post(id, order); code != 200 {
+		t.Fatalf("POST: %d %v", code, body)
+	}
+	a := s.audit(id, func(a map[string]any) bool {
+		ob, _ := a["outbox"].(map[string]any)
+		return ob != nil && ob["publishes"] == float64(1) && len(processed(a)) == len(orders.Names)
+	})
+	if a["emails_sent"] != float64(1) {
+		t.Errorf("emails_sent %v, want one row", a["emails_sent"])
 	}
 }

@@ -186,7 +186,23 @@ func TestIngestRejectsBadRequests(t *testing.T) {
 	if resp.StatusCode != 400 || !strings.Contains(string(raw), "given 2 times with different values") {
 		t.Errorf("two Idempotency-Keys: %d %s, want 400 naming them", resp.StatusCode, raw)
 	}
-	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.outbox`); n != 0 {
+	// One key twice, in two cases: the same key.
+	req, err = http.NewRequest("POST", s.url+"/events-outbox/kafka", strings.NewReader(order))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Add("Idempotency-Key", "7f8a0000-0000-0000-0000-0000000000a9")
+	req.Header.Add("Idempotency-Key", "7F8A0000-0000-0000-0000-0000000000A9")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("one Idempotency-Key twice, in two cases: %d %s, want 200", resp.StatusCode, raw)
+	}
+	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.outbox WHERE event_id <> '7f8a0000-0000-0000-0000-0000000000a9'`); n != 0 {
 		t.Errorf("bad requests left %d outbox rows", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -180,7 +181,7 @@ func (s *Seed) readOrder(w http.ResponseWriter, r *http.Request) (uuid.UUID, []b
 		return uuid.Nil, nil, o, false
 	}
 	rawKey := r.Header.Get("Idempotency-Key")
-	if keys := r.Header.Values("Idempotency-Key"); len(keys) > 1 && slices.ContainsFunc(keys, func(k string) bool { return k != rawKey }) {
+	if keys := r.Header.Values("Idempotency-Key"); len(keys) > 1 && slices.ContainsFunc(keys, func(k string) bool { return !strings.EqualFold(k, rawKey) }) {
 		writeError(w, http.StatusBadRequest, "the Idempotency-Key header is given %d times with different values: send one key", len(keys))
 		return uuid.Nil, nil, o, false
 	}
