@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,9 +19,27 @@ import (
 // ping. Its reason says what is wrong without the connection's details
 // (user, database, host, port): /readyz is often open to more than the
 // operators, and the logs name them.
+//
+// A pool whose every connection is in use (the partitions' batches, long
+// on a slow link or a busy member) is ready when a connection was taken
+// since the previous check, the mark of a batch that ended: a ping would
+// queue behind the batches and run out of /readyz's time though Postgres
+// answers them. When none was, the ping decides.
 func postgresCheck(pool *pgxpool.Pool) api.Check {
+	var taken atomic.Int64 // the pool's acquires at the end of the previous check
 	return api.Check{Name: "postgres", Ready: func(ctx context.Context) error {
-		if err := pool.Ping(ctx); err != nil {
+		st := pool.Stat()
+		busy := st.AcquiredConns() >= st.MaxConns()
+		if n := st.AcquireCount(); busy && n > taken.Load() {
+			taken.Store(n)
+			return nil
+		}
+		err := pool.Ping(ctx)
+		taken.Store(pool.Stat().AcquireCount()) // the ping's own acquire is no batch's
+		if err != nil {
+			if busy && errors.Is(err, context.DeadlineExceeded) {
+				return errors.New("postgres does not answer: every connection of the pool is in a batch, and none ended since the last check")
+			}
 			return errors.New(postgresDown(err))
 		}
 		return nil

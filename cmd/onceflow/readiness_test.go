@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
@@ -152,5 +153,49 @@ log:
 	}
 	if code, w, err := readyz(second.addr); err != nil || code != http.StatusOK {
 		t.Errorf("/readyz of the run holding the instance id: %d %v %v, want 200", code, w, err)
+	}
+}
+
+// A pool whose every connection a batch holds (long transactions on a slow
+// link, a busy member) is ready while batches keep ending: a ping would
+// queue behind them and time out though Postgres answers. Once none ended
+// since the last check, the ping decides.
+func TestPostgresCheckOfABusyPool(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(sinktest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	check := postgresCheck(pool)
+	ready := func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		return check.Ready(ctx)
+	}
+	if err := ready(); err != nil {
+		t.Fatalf("an idle pool: %v", err)
+	}
+	conn, err := pool.Acquire(t.Context()) // a batch's transaction
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ready(); err != nil {
+		t.Errorf("every connection busy, a batch begun since the last check: %v", err)
+	}
+	if err := ready(); err == nil || !strings.Contains(err.Error(), "does not answer") {
+		t.Errorf("every connection busy, none returned since the last check: %v, want the ping's timeout", err)
+	}
+	conn.Release() // the batch ended, the next begins
+	if conn, err = pool.Acquire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if err := ready(); err != nil {
+		t.Errorf("every connection busy, batches ending: %v", err)
 	}
 }
