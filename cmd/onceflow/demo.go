@@ -102,7 +102,7 @@ func (a *app) demo(ctx context.Context, o demo.Options, serveMetrics bool, progr
 	m := metrics.New()
 	m.AddPool("main", pool)
 	if serveMetrics {
-		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), postgresCheck(pool)))
+		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), postgresCheck(pool, a.cfg.Postgres.TxTimeout)))
 		if err != nil {
 			return demo.Summary{}, err
 		}

@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync/atomic"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,23 +23,32 @@ import (
 //
 // A pool whose every connection is in use (the partitions' batches, long
 // on a slow link or a busy member) is ready when a connection was taken
-// since the previous check, the mark of a batch that ended: a ping would
+// within the last txTimeout, the mark of a batch that ended (a batch's
+// transaction ends within txTimeout while Postgres answers): a ping would
 // queue behind the batches and run out of /readyz's time though Postgres
 // answers them. When none was, the ping decides.
-func postgresCheck(pool *pgxpool.Pool) api.Check {
-	var taken atomic.Int64 // the pool's acquires at the end of the previous check
+func postgresCheck(pool *pgxpool.Pool, txTimeout time.Duration) api.Check {
+	var (
+		mu      sync.Mutex
+		taken   int64     // the pool's acquires, the checks' pings not counted
+		takenAt time.Time // when taken last grew
+	)
 	return api.Check{Name: "postgres", Ready: func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
 		st := pool.Stat()
+		if n := st.AcquireCount(); n > taken {
+			taken, takenAt = n, time.Now()
+		}
 		busy := st.AcquiredConns() >= st.MaxConns()
-		if n := st.AcquireCount(); busy && n > taken.Load() {
-			taken.Store(n)
+		if busy && time.Since(takenAt) < txTimeout {
 			return nil
 		}
 		err := pool.Ping(ctx)
-		taken.Store(pool.Stat().AcquireCount()) // the ping's own acquire is no batch's
+		taken = max(taken, pool.Stat().AcquireCount()) // the ping's own acquire is no batch's
 		if err != nil {
 			if busy && errors.Is(err, context.DeadlineExceeded) {
-				return errors.New("postgres does not answer: every connection of the pool is in a batch, and none ended since the last check")
+				return fmt.Errorf("postgres does not answer: every connection of the pool is in a batch, and none ended for %v", txTimeout)
 			}
 			return errors.New(postgresDown(err))
 		}

@@ -94,7 +94,7 @@ func (a *app) run(ctx context.Context) (err error) {
 			}
 			return p.Ready()
 		}}
-		checks := []api.Check{postgresCheck(pool), kafka}
+		checks := []api.Check{postgresCheck(pool, a.cfg.Postgres.TxTimeout), kafka}
 		exportChecks(m, checks)
 		srv, err := api.Start(a.cfg.HTTP.Addr, api.NewMux(m.Handler(), checks...))
 		if err != nil {

@@ -268,7 +268,7 @@ func (a *app) seedMux(pool *pgxpool.Pool, relay *outbox.Relay, m *metrics.Metric
 	if err != nil {
 		return nil, err
 	}
-	checks := []api.Check{postgresCheck(pool), kafka}
+	checks := []api.Check{postgresCheck(pool, a.cfg.Postgres.TxTimeout), kafka}
 	exportChecks(m, checks)
 	mux := api.NewMux(m.Handler(), checks...)
 	seed.Register(mux)
