@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -62,16 +61,7 @@ next:
 // exported: with its one connection taken, the next acquire waits until
 // its context ends, and is counted as given up.
 func TestPoolSaturationIsExported(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(sinktest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := sinktest.SizedPool(t, 1)
 	m := metrics.New()
 	m.AddPool("main", pool)
 

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/sink/sinktest"
 )
@@ -161,16 +160,7 @@ log:
 // queue behind them and time out though Postgres answers. Once none ended
 // within the transaction timeout, the ping decides.
 func TestPostgresCheckOfABusyPool(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(sinktest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := sinktest.SizedPool(t, 1)
 	const txTimeout = time.Second
 	check := postgresCheck(pool, txTimeout)
 	ready := func() error {

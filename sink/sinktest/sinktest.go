@@ -51,6 +51,24 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// SizedPool returns a pool of at most size connections on the test
+// database, closed at cleanup: a test that takes them all sees a busy
+// pool.
+func SizedPool(t testing.TB, size int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = size
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // ModeDSN returns the test database's DSN with its default_query_exec_mode
 // set to mode: cache_statement, cache_describe, describe_exec, exec or
 // simple_protocol. Behind a transaction pooler a DSN sets exec or
