@@ -259,14 +259,23 @@ type pendingRow struct {
 // span ends when the client settles it.
 type heldRow struct {
 	row     pendingRow
+	since   time.Time
 	span    trace.Span
 	settled bool
 	err     error // the client's outcome, once settled
 }
 
+// maxHoldLeases is for how many leases a relay renews the lease of a row
+// its client still holds. Past that (the relay's link to the brokers cut
+// while another relay's is not), the lease is left to run out, and
+// another relay may take the row over and publish it, a copy the consumer
+// side skips, rather than wait for this relay's link for ever.
+const maxHoldLeases = 4
+
 func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 	var m marks
-	if settled, holding := r.heldRows(); len(settled)+len(holding) > 0 {
+	settled, holding, renew := r.heldRows()
+	if len(settled)+len(holding) > 0 {
 		// The rows the client settled since the last pass are marked, and
 		// the lease of those it holds renewed, before anything is claimed.
 		var failed *heldRow // the first of them, logged for all
@@ -275,7 +284,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 				failed = h
 			}
 		}
-		m.renew = holding
+		m.renew = renew
 		if err := r.mark(ctx, m); err != nil {
 			return 0, 0, err
 		}
@@ -286,9 +295,9 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			r.log.Warn("outbox rows failed after the produce timeout: retrying", "rows", len(m.retry),
 				"event_id", failed.row.event, "topic", failed.row.topic, "err", failed.err)
 		}
-		published, m = len(m.ok), marks{renew: holding}
+		published, m = len(m.ok), marks{renew: renew}
 	}
-	rows, err := r.claim(ctx, m.renew)
+	rows, err := r.claim(ctx, holding)
 	if err != nil || len(rows) == 0 {
 		return 0, published, err
 	}
@@ -381,31 +390,37 @@ func (r *Relay) settled(row pendingRow, err error) {
 func (r *Relay) heldEntry(row pendingRow) *heldRow {
 	h, ok := r.held[row.id]
 	if !ok {
-		h = &heldRow{row: row}
+		h = &heldRow{row: row, since: time.Now()}
 		r.held[row.id] = h
 	}
 	return h
 }
 
-// heldRows returns the held rows the client has settled, and the ids of
-// those it still holds.
-func (r *Relay) heldRows() (settled []*heldRow, holding []int64) {
+// heldRows returns the held rows the client has settled, the ids of those
+// it still holds (which the relay does not claim again), and of those
+// whose lease it renews: held for less than maxHoldLeases leases.
+func (r *Relay) heldRows() (settled []*heldRow, holding, renew []int64) {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
 	for id, h := range r.held {
-		if h.settled {
+		switch {
+		case h.settled:
 			settled = append(settled, h)
-		} else {
+		case time.Since(h.since) < maxHoldLeases*r.cfg.Lease:
+			renew = append(renew, id)
+			fallthrough
+		default:
 			holding = append(holding, id)
 		}
 	}
-	return settled, holding
+	return settled, holding, renew
 }
 
-// holding reports whether the client holds rows of this relay.
+// holding reports whether the client holds rows whose lease this relay
+// renews.
 func (r *Relay) holding() bool {
-	_, holding := r.heldRows()
-	return len(holding) > 0
+	_, _, renew := r.heldRows()
+	return len(renew) > 0
 }
 
 // forget drops held rows once their outcome is marked.

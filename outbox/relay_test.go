@@ -259,7 +259,7 @@ func TestLateFailureIsMarked(t *testing.T) {
 AND failed_at IS NOT NULL AND fail_reason LIKE '%MESSAGE_TOO_LARGE%' AND lease_until IS NULL AND publishes = 0`, rows[0].id); n != 1 {
 		t.Error("the refused row is not marked failed with its reason")
 	}
-	if settled, holding := r.heldRows(); len(settled)+len(holding) != 0 {
+	if settled, holding, _ := r.heldRows(); len(settled)+len(holding) != 0 {
 		t.Errorf("still held: %d settled, %d in the client", len(settled), len(holding))
 	}
 }
@@ -310,5 +310,56 @@ func TestLateFailureLeavesAnotherRelaysLease(t *testing.T) {
 	}
 	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE lease_until > now()`); n != 1 {
 		t.Error("b's lease was released by a")
+	}
+}
+
+// A row the relay's client holds for longer than maxHoldLeases leases (its
+// link to the brokers cut, another relay's not) has its lease left to run
+// out, so that another relay can take it over; the relay still does not
+// produce it again itself.
+func TestHeldTooLongIsLeftToAnotherRelay(t *testing.T) {
+	pool, schema, brokers := setup(t)
+	enqueue(t, store(t, pool, schema), 1)
+	const lease = 400 * time.Millisecond
+	cfg := RelayConfig{Schema: schema, Lease: lease, ProduceTimeout: 100 * time.Millisecond, QueryTimeout: 100 * time.Millisecond}
+	a := relay(t, pool, client(t, brokers), cfg)
+	ctx := t.Context()
+	rows, err := a.claim(ctx, nil)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("a's claim = %d rows, %v", len(rows), err)
+	}
+	a.hold(rows[0], nil) // a's client holds it
+	leaseEnd := func() time.Time {
+		var at time.Time
+		if err := pool.QueryRow(ctx, `SELECT lease_until FROM `+schema+`.outbox`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	first := leaseEnd()
+	time.Sleep(10 * time.Millisecond)
+	if n, err := a.RelayOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("a's pass = %d, %v", n, err)
+	}
+	if renewed := leaseEnd(); !renewed.After(first) {
+		t.Fatalf("a held row's lease was not renewed: %v, then %v", first, renewed)
+	}
+	a.heldMu.Lock()
+	a.held[rows[0].id].since = time.Now().Add(-maxHoldLeases * lease) // held that long
+	a.heldMu.Unlock()
+	last := leaseEnd()
+	if n, err := a.RelayOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("a's pass after holding it %d leases = %d, %v; want nothing produced again", maxHoldLeases, n, err)
+	}
+	if got := leaseEnd(); !got.Equal(last) {
+		t.Errorf("the lease was renewed after %d leases: %v, then %v", maxHoldLeases, last, got)
+	}
+	time.Sleep(time.Until(last) + 50*time.Millisecond)
+	if n, err := a.RelayOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("a's pass after the lease ran out = %d, %v; want nothing: its client holds the row", n, err)
+	}
+	b := relay(t, pool, client(t, brokers), cfg)
+	if n, err := b.RelayOnce(ctx); err != nil || n != 1 {
+		t.Errorf("another relay's pass after the lease ran out = %d, %v; want the row published", n, err)
 	}
 }
