@@ -13,8 +13,14 @@
 // row lock while it produces: it claims rows with a lease (committed),
 // produces them within a timeout, then marks them. A row the broker
 // refuses (too large, invalid) is marked failed with the reason and never
-// blocks the rows behind it. Several relays may run at once. A relay that
-// dies between producing and marking leaves its rows leased; after the
-// lease another relay publishes them again, and the consumer side (package
-// sink) absorbs that duplicate. The records are built by package wire.
+// blocks the rows behind it. A row its Kafka client still holds when the
+// timeout runs out (a broker that went silent) stays the relay's, its
+// lease renewed, until the client delivers or gives it up. Several relays
+// may run at once; each renews and releases only the leases it holds. A
+// relay that dies between producing and marking, cannot reach Postgres
+// to renew a lease, or holds a row for longer than a few leases leaves
+// it to another relay once the lease runs out, which publishes it again;
+// the consumer side (package sink) absorbs that duplicate. Run [Migrate]
+// before a relay of a new version starts: its statements use the columns
+// the migrations add. The records are built by package wire.
 package outbox
