@@ -213,10 +213,13 @@ func (r *Relay) Run(ctx context.Context) error {
 //
 // A row still in the client when ProduceTimeout ran out (a broker that
 // went silent mid-produce) stays this relay's: each pass renews its lease
-// and leaves it out of its claim until the client delivers or fails it,
-// and the pass after that marks it as step 3 does (a delivered row counts
-// among the rows published). Producing it again while the client still
-// holds it would put a second copy on the topic once the broker answers.
+// (for maxHoldLeases leases at most) and leaves it out of its claim until
+// the client delivers or fails it, and the pass after that marks it as
+// step 3 does (a delivered row counts among the rows published). Producing
+// it again while the client still holds it would put a second copy on the
+// topic once the broker answers. While BatchSize rows or more are held, a
+// pass claims nothing (an error says so): the rows behind them wait in the
+// outbox, not in the client.
 //
 // A relay that dies between 1 and 3, or stops while the client holds
 // rows, leaves them leased; once the lease runs out another relay
@@ -296,6 +299,13 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 				"event_id", failed.row.event, "topic", failed.row.topic, "err", failed.err)
 		}
 		published, m = len(m.ok), marks{renew: renew}
+		if len(holding) >= r.cfg.BatchSize {
+			// A batch's worth is still in the client (a broker that does
+			// not answer): what is pending waits in the outbox, where
+			// another relay may take it, rather than in this client.
+			return 0, published, fmt.Errorf("%d outbox rows still in the kafka client after the produce timeout: not claiming more until it settles them (topic %s)",
+				len(holding), r.heldTopic())
+		}
 	}
 	rows, err := r.claim(ctx, holding)
 	if err != nil || len(rows) == 0 {
@@ -414,6 +424,18 @@ func (r *Relay) heldRows() (settled []*heldRow, holding, renew []int64) {
 		}
 	}
 	return settled, holding, renew
+}
+
+// heldTopic is the topic of one of the rows the client holds.
+func (r *Relay) heldTopic() string {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	for _, h := range r.held {
+		if !h.settled {
+			return h.row.topic
+		}
+	}
+	return ""
 }
 
 // holding reports whether the client holds rows whose lease this relay

@@ -363,3 +363,52 @@ func TestHeldTooLongIsLeftToAnotherRelay(t *testing.T) {
 		t.Errorf("another relay's pass after the lease ran out = %d, %v; want the row published", n, err)
 	}
 }
+
+// While a batch's worth of rows is still in the client (a broker that does
+// not answer), the relay claims no more: the rows behind wait in the
+// outbox, unleased, for this relay or another; once the client delivers,
+// every row is published once.
+func TestHeldBatchHoldsBackClaims(t *testing.T) {
+	pool, schema, _ := setup(t)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ids := enqueue(t, store(t, pool, schema), 5)
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() { // the first produce: answered after 2 s
+			c.SleepControl(func() { time.Sleep(2 * time.Second) })
+		})
+		return nil, nil, false
+	})
+	r := relay(t, pool, client(t, c.ListenAddrs()), RelayConfig{Schema: schema, BatchSize: 2,
+		ProduceTimeout: 200 * time.Millisecond, QueryTimeout: time.Second, Lease: 3 * time.Second})
+	ctx := t.Context()
+	if _, err := r.RelayOnce(ctx); err == nil {
+		t.Fatal("the first pass: no error, want its rows still producing")
+	}
+	n, err := r.RelayOnce(ctx)
+	if n != 0 || err == nil || !strings.Contains(err.Error(), "2 outbox rows still in the kafka client") {
+		t.Fatalf("a pass while 2 rows are held = %d, %v; want nothing claimed, and why", n, err)
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE lease_until IS NULL AND published_at IS NULL`); n != 3 {
+		t.Errorf("%d rows unleased while the client holds 2, want 3", n)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("rows unpublished after 20 s")
+		}
+		_, _ = r.RelayOnce(ctx)
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := published(t, c.ListenAddrs(), len(ids))
+	for _, id := range ids {
+		if got[id] != 1 {
+			t.Errorf("event %s on the topic %d times, want 1", id, got[id])
+		}
+	}
+}
