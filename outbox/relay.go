@@ -72,6 +72,7 @@ type Relay struct {
 	// they settled; see hold and settled.
 	heldMu sync.Mutex
 	held   map[int64]*heldRow
+	purged map[string]time.Time // topic -> when noteRecreated last purged it
 	// sleep waits d or until ctx ends, reporting whether d passed; a test
 	// hook (default sleepCtx).
 	sleep func(ctx context.Context, d time.Duration) bool
@@ -286,6 +287,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			if err := r.sortOutcome(&m, h.row, h.err); err != nil && failed == nil {
 				failed = h
 			}
+			r.noteRecreated(h.row.topic, h.err)
 		}
 		m.renew = renew
 		if err := r.mark(ctx, m); err != nil {
@@ -308,6 +310,11 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 		}
 	}
 	rows, err := r.claim(ctx, holding)
+	if err == nil && len(rows) == 0 && len(holding) > 0 {
+		// Nothing else to do, but the brokers have not answered yet: no
+		// success to report.
+		return 0, published, fmt.Errorf("%d outbox rows still in the kafka client after the produce timeout (topic %s)", len(holding), r.heldTopic())
+	}
 	if err != nil || len(rows) == 0 {
 		return 0, published, err
 	}
@@ -333,6 +340,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 		if err := r.sortOutcome(&m, rows[i], err); err != nil && firstErr == nil {
 			firstErr, firstTopic = err, rows[i].topic
 		}
+		r.noteRecreated(rows[i].topic, err)
 	}
 	if r.afterPublish != nil {
 		if err := r.afterPublish(); err != nil {
@@ -348,6 +356,33 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			len(rows), len(m.ok), len(m.refused), firstTopic, firstErr)
 	}
 	return len(rows), published, nil
+}
+
+// noteRecreated makes the client forget topic when err says the brokers
+// do not know the topic id it produces with: the topic was deleted, and
+// perhaps created again under its name. franz-go keeps a topic's first id
+// for the client's life, failing every produce to the new topic, until the
+// topic is purged from producing; then it learns the new id. The rows
+// refused so are released, and produced again at a later pass.
+func (r *Relay) noteRecreated(topic string, err error) {
+	if !errors.Is(err, kerr.UnknownTopicID) {
+		return
+	}
+	r.heldMu.Lock()
+	if r.purged == nil {
+		r.purged = map[string]time.Time{}
+	}
+	recent := time.Since(r.purged[topic]) < r.cfg.ProduceTimeout
+	if !recent {
+		r.purged[topic] = time.Now()
+	}
+	r.heldMu.Unlock() // the purge fails the topic's records, whose promises take it
+	if recent {
+		return // purged for another of its rows just now
+	}
+	r.log.Warn("outbox topic deleted, perhaps recreated under the same name (its topic id is unknown to the brokers): "+
+		"the client forgets it and learns it again", "topic", topic)
+	r.cl.PurgeTopicsFromProducing(topic)
 }
 
 // sortOutcome adds row to what m marks by the client's outcome err, and

@@ -271,7 +271,9 @@ func TestServeWithOnlySQLHandlersTakesOrders(t *testing.T) {
 
 // serve's relay creates the outbox's topic on first use, as onceflow
 // produce does, where the brokers create topics on request; the order is
-// then published and applied once.
+// then published and applied once. Deleted while serve runs, the topic is
+// created again and the next order published (the relay's client learns
+// the new topic id).
 func TestServeCreatesItsTopic(t *testing.T) {
 	seeds, ok := testBrokers(t)["kafka"]
 	if !ok {
@@ -302,5 +304,25 @@ func TestServeCreatesItsTopic(t *testing.T) {
 	})
 	if a["emails_sent"] != float64(1) {
 		t.Errorf("emails_sent %v, want one row", a["emails_sent"])
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).DeleteTopics(t.Context(), topic); err != nil {
+		t.Fatal(err)
+	}
+	again := "7f8a0000-0000-0000-0000-0000000000b3"
+	if code, _, body := s.post(again, order); code != 200 {
+		t.Fatalf("POST after the topic was deleted: %d %v", code, body)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.outbox WHERE event_id = $1 AND publishes = 1`, again) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the order posted after the topic was deleted is unpublished after 60 s")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
