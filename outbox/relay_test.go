@@ -182,20 +182,8 @@ func TestOldestPendingIsTheHeadOfTheQueue(t *testing.T) {
 // each time the lease ran out and produce it anew, a copy for each lease.
 func TestSilentBrokerPublishesOnce(t *testing.T) {
 	pool, schema, _ := setup(t)
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := stalledCluster(t, 2*time.Second)
 	ids := enqueue(t, store(t, pool, schema), 3)
-	var once sync.Once
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		once.Do(func() { // the first produce: answered after 2 s
-			c.SleepControl(func() { time.Sleep(2 * time.Second) })
-		})
-		return nil, nil, false
-	})
 	r := relay(t, pool, client(t, c.ListenAddrs()), RelayConfig{Schema: schema, Poll: 20 * time.Millisecond,
 		ProduceTimeout: 200 * time.Millisecond, QueryTimeout: 100 * time.Millisecond, Lease: 500 * time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -371,20 +359,8 @@ func TestHeldTooLongIsLeftToAnotherRelay(t *testing.T) {
 // every row is published once.
 func TestHeldBatchHoldsBackClaims(t *testing.T) {
 	pool, schema, _ := setup(t)
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := stalledCluster(t, 2*time.Second)
 	ids := enqueue(t, store(t, pool, schema), 5)
-	var once sync.Once
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		once.Do(func() { // the first produce: answered after 2 s
-			c.SleepControl(func() { time.Sleep(2 * time.Second) })
-		})
-		return nil, nil, false
-	})
 	r := relay(t, pool, client(t, c.ListenAddrs()), RelayConfig{Schema: schema, BatchSize: 2,
 		ProduceTimeout: 200 * time.Millisecond, QueryTimeout: time.Second, Lease: 3 * time.Second})
 	ctx := t.Context()
@@ -456,4 +432,23 @@ func TestRecreatedTopicIsPublished(t *testing.T) {
 			t.Errorf("event %s on the recreated topic %d times, want 1", id, got[id])
 		}
 	}
+}
+
+// stalledCluster is a kfake cluster with the topic that answers its first
+// produce request after d: a broker link that went silent mid-produce,
+// then came back.
+func stalledCluster(t *testing.T, d time.Duration) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var once sync.Once
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		once.Do(func() { c.SleepControl(func() { time.Sleep(d) }) })
+		return nil, nil, false
+	})
+	return c
 }
