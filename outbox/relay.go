@@ -73,6 +73,10 @@ type Relay struct {
 	heldMu sync.Mutex
 	held   map[int64]*heldRow
 	purged map[string]time.Time // topic -> when noteRecreated last purged it
+	// given are rows this relay's client gave up, released for other
+	// relays: this one leaves them out of its claims until the time given
+	// (one lease), rather than take them straight back.
+	given map[int64]time.Time
 	// sleep waits d or until ctx ends, reporting whether d passed; a test
 	// hook (default sleepCtx).
 	sleep func(ctx context.Context, d time.Duration) bool
@@ -178,11 +182,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		case err != nil:
 			failures++
 			wait = min(max(2*wait, r.cfg.Poll), r.cfg.MaxBackoff)
-			if failures == 1 || unwarned >= warnEvery {
-				r.log.Warn("outbox relay: cannot publish; retrying", "err", err, "attempts", failures, "retry_in", wait)
-				unwarned = 0
-			}
-			unwarned += wait + time.Since(began) // an attempt may take ProduceTimeout
 		case failures > 0:
 			r.log.Info("outbox relay: publishing again", "failed_attempts", failures)
 			failures, wait, unwarned = 0, 0, 0
@@ -193,6 +192,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		sleep := max(wait, r.cfg.Poll)
 		if r.holding() {
 			sleep = min(sleep, r.cfg.Lease/3) // the next pass renews their lease
+		}
+		if err != nil {
+			if failures == 1 || unwarned >= warnEvery {
+				r.log.Warn("outbox relay: cannot publish; retrying", "err", err, "attempts", failures, "retry_in", sleep)
+				unwarned = 0
+			}
+			unwarned += sleep + time.Since(began) // an attempt may take ProduceTimeout
 		}
 		if !r.sleep(ctx, sleep) {
 			return nil
@@ -294,6 +300,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			return 0, 0, err
 		}
 		r.forget(settled)
+		r.give(m.retry)
 		if failed != nil {
 			// One line a pass: a broker that came back after a long
 			// stall settles thousands of rows at once.
@@ -309,7 +316,7 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 				len(holding), r.heldTopic())
 		}
 	}
-	rows, err := r.claim(ctx, holding)
+	rows, err := r.claim(ctx, append(holding, r.givenRows()...))
 	if err == nil && len(rows) == 0 && len(holding) > 0 {
 		// Nothing else to do, but the brokers have not answered yet: no
 		// success to report.
@@ -459,6 +466,44 @@ func (r *Relay) heldRows() (settled []*heldRow, holding, renew []int64) {
 		}
 	}
 	return settled, holding, renew
+}
+
+// give leaves the rows of ids, whose lease this relay released after its
+// client gave them up past the produce timeout (a link to the brokers that
+// went silent), to other relays for a lease: this relay would otherwise
+// take them straight back in the same pass, pass after pass, out of a
+// healthy relay's reach. A row failing within the timeout is claimed again
+// after the backoff, which leaves other relays room.
+func (r *Relay) give(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	if r.given == nil {
+		r.given = map[int64]time.Time{}
+	}
+	until := time.Now().Add(r.cfg.Lease)
+	for _, id := range ids {
+		r.given[id] = until
+	}
+}
+
+// givenRows returns the rows give left to other relays whose time is not
+// over, and forgets the others.
+func (r *Relay) givenRows() []int64 {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	var ids []int64
+	now := time.Now()
+	for id, until := range r.given {
+		if now.After(until) {
+			delete(r.given, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // heldTopic is the topic of one of the rows the client holds.

@@ -223,9 +223,10 @@ WHERE publishes = 1 AND failed_at IS NULL AND lease_until IS NULL`); n != int64(
 }
 
 // A row the client held past its pass and then failed is marked by the
-// next pass as a row failing in its own pass would be: refused by the
-// broker, failed with the reason; failed otherwise, its lease released
-// and the row produced again in that pass.
+// next pass: refused by the broker, failed with the reason; failed
+// otherwise, its lease released, and the row left to other relays for a
+// lease (a relay whose link to the brokers went silent took such rows
+// straight back, pass after pass, out of a healthy relay's reach).
 func TestLateFailureIsMarked(t *testing.T) {
 	pool, schema, brokers := setup(t)
 	ids := enqueue(t, store(t, pool, schema), 2)
@@ -237,8 +238,15 @@ func TestLateFailureIsMarked(t *testing.T) {
 	r.hold(rows[0], nil)
 	r.settled(rows[0], kerr.MessageTooLarge)
 	r.settled(rows[1], errors.New("connection reset by peer")) // before its pass held it
-	if n, err := r.RelayOnce(t.Context()); err != nil || n != 1 {
-		t.Fatalf("RelayOnce = %d, %v; want the row that failed otherwise published", n, err)
+	if n, err := r.RelayOnce(t.Context()); err != nil || n != 0 {
+		t.Fatalf("RelayOnce = %d, %v; want nothing: the row that failed otherwise is left to other relays", n, err)
+	}
+	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE id = $1 AND lease_until IS NULL AND published_at IS NULL`, rows[1].id); n != 1 {
+		t.Error("the row that failed otherwise is not released")
+	}
+	other := relay(t, pool, client(t, brokers), RelayConfig{Schema: schema})
+	if n, err := other.RelayOnce(t.Context()); err != nil || n != 1 {
+		t.Fatalf("another relay's pass = %d, %v; want the released row published", n, err)
 	}
 	if got := published(t, brokers, 1); got[ids[1]] != 1 || len(got) != 1 {
 		t.Errorf("on the topic: %v, want %s once", got, ids[1])
