@@ -69,7 +69,7 @@ type Relay struct {
 
 	// held are the rows the client still held when a pass stopped waiting
 	// for them (wire.ErrStillProducing), by id, until a pass marks how
-	// they settled; see hold and settled.
+	// they settled; see hold and settled. heldMu guards the three maps.
 	heldMu sync.Mutex
 	held   map[int64]*heldRow
 	purged map[string]time.Time // topic -> when noteRecreated last purged it
@@ -127,7 +127,8 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, cfg RelayConfig) (*Relay, erro
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Relay{pool: pool, cl: cl, cfg: cfg, table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(), owner: uuid.New(),
-		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log, sleep: sleepCtx, held: map[int64]*heldRow{}}, nil
+		tracer: tp.Tracer("github.com/onceflow/onceflow/outbox"), log: log, sleep: sleepCtx,
+		held: map[int64]*heldRow{}, purged: map[string]time.Time{}, given: map[int64]time.Time{}}, nil
 }
 
 func (cfg RelayConfig) validate(pool *pgxpool.Pool, cl *kgo.Client) error {
@@ -312,15 +313,14 @@ func (r *Relay) relay(ctx context.Context) (claimed, published int, err error) {
 			// A batch's worth is still in the client (a broker that does
 			// not answer): what is pending waits in the outbox, where
 			// another relay may take it, rather than in this client.
-			return 0, published, fmt.Errorf("%d outbox rows still in the kafka client after the produce timeout: not claiming more until it settles them (topic %s)",
-				len(holding), r.heldTopic())
+			return 0, published, fmt.Errorf("%w: not claiming more until it settles them", r.stillHeld(len(holding)))
 		}
 	}
 	rows, err := r.claim(ctx, append(holding, r.givenRows()...))
 	if err == nil && len(rows) == 0 && len(holding) > 0 {
 		// Nothing else to do, but the brokers have not answered yet: no
 		// success to report.
-		return 0, published, fmt.Errorf("%d outbox rows still in the kafka client after the produce timeout (topic %s)", len(holding), r.heldTopic())
+		return 0, published, r.stillHeld(len(holding))
 	}
 	if err != nil || len(rows) == 0 {
 		return 0, published, err
@@ -376,9 +376,6 @@ func (r *Relay) noteRecreated(topic string, err error) {
 		return
 	}
 	r.heldMu.Lock()
-	if r.purged == nil {
-		r.purged = map[string]time.Time{}
-	}
 	recent := time.Since(r.purged[topic]) < r.cfg.ProduceTimeout
 	if !recent {
 		r.purged[topic] = time.Now()
@@ -480,9 +477,6 @@ func (r *Relay) give(ids []int64) {
 	}
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
-	if r.given == nil {
-		r.given = map[int64]time.Time{}
-	}
 	until := time.Now().Add(r.cfg.Lease)
 	for _, id := range ids {
 		r.given[id] = until
@@ -506,16 +500,19 @@ func (r *Relay) givenRows() []int64 {
 	return ids
 }
 
-// heldTopic is the topic of one of the rows the client holds.
-func (r *Relay) heldTopic() string {
+// stillHeld says that n rows are still in the client, naming the topic of
+// one of them.
+func (r *Relay) stillHeld(n int) error {
 	r.heldMu.Lock()
 	defer r.heldMu.Unlock()
+	topic := ""
 	for _, h := range r.held {
 		if !h.settled {
-			return h.row.topic
+			topic = h.row.topic
+			break
 		}
 	}
-	return ""
+	return fmt.Errorf("%d outbox rows still in the kafka client after the produce timeout (topic %s)", n, topic)
 }
 
 // holding reports whether the client holds rows whose lease this relay

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -189,13 +190,7 @@ func TestSilentBrokerPublishesOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("rows unpublished after 20 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	untilPublished(t, pool, schema, func() {})
 	time.Sleep(time.Second) // a copy produced again would land by now
 	cancel()
 	if err := <-done; err != nil {
@@ -382,14 +377,7 @@ func TestHeldBatchHoldsBackClaims(t *testing.T) {
 	if n := sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE lease_until IS NULL AND published_at IS NULL`); n != 3 {
 		t.Errorf("%d rows unleased while the client holds 2, want 3", n)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("rows unpublished after 20 s")
-		}
-		_, _ = r.RelayOnce(ctx)
-		time.Sleep(50 * time.Millisecond)
-	}
+	untilPublished(t, pool, schema, func() { _, _ = r.RelayOnce(ctx) })
 	got := published(t, c.ListenAddrs(), len(ids))
 	for _, id := range ids {
 		if got[id] != 1 {
@@ -427,13 +415,7 @@ func TestRecreatedTopicIsPublished(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the deletion may still be under way
 	}
 	after := enqueue(t, s, 2)
-	for sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("rows written after the topic was recreated unpublished after 30 s")
-		}
-		_, _ = r.RelayOnce(ctx)
-		time.Sleep(100 * time.Millisecond)
-	}
+	untilPublished(t, pool, schema, func() { _, _ = r.RelayOnce(ctx) })
 	got := published(t, brokers, len(after))
 	for _, id := range after {
 		if got[id] != 1 {
@@ -459,4 +441,18 @@ func stalledCluster(t *testing.T, d time.Duration) *kfake.Cluster {
 		return nil, nil, false
 	})
 	return c
+}
+
+// untilPublished runs pass every 50 ms until schema's outbox has no row
+// left unpublished, failing t after 30 s.
+func untilPublished(t *testing.T, pool *pgxpool.Pool, schema string, pass func()) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for sinktest.Count(t, pool, `SELECT count(*) FROM `+schema+`.outbox WHERE published_at IS NULL`) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("rows unpublished after 30 s")
+		}
+		pass()
+		time.Sleep(50 * time.Millisecond)
+	}
 }

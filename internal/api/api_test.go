@@ -79,6 +79,26 @@ func (s *seed) do(method, path string, headers map[string]string, body string) (
 	return apitest.Client{T: s.t, Base: s.url}.Do(method, path, headers, body)
 }
 
+// postKeys posts an order with one Idempotency-Key header per key, and
+// returns the status and the body.
+func (s *seed) postKeys(keys ...string) (int, string) {
+	s.t.Helper()
+	req, err := http.NewRequest("POST", s.url+"/events-outbox/kafka", strings.NewReader(order))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, k := range keys {
+		req.Header.Add("Idempotency-Key", k)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw)
+}
+
 func (s *seed) post(key, body string) (int, http.Header, map[string]any) {
 	s.t.Helper()
 	return apitest.Client{T: s.t, Base: s.url}.Post(key, body)
@@ -171,36 +191,13 @@ func TestIngestRejectsBadRequests(t *testing.T) {
 		})
 	}
 	// Two different keys: which one the client retries with is unknown.
-	req, err := http.NewRequest("POST", s.url+"/events-outbox/kafka", strings.NewReader(order))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Add("Idempotency-Key", "7f8a0000-0000-0000-0000-0000000000a7")
-	req.Header.Add("Idempotency-Key", "7f8a0000-0000-0000-0000-0000000000a8")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 400 || !strings.Contains(string(raw), "given 2 times with different values") {
-		t.Errorf("two Idempotency-Keys: %d %s, want 400 naming them", resp.StatusCode, raw)
+	if code, raw := s.postKeys("7f8a0000-0000-0000-0000-0000000000a7", "7f8a0000-0000-0000-0000-0000000000a8"); code != 400 ||
+		!strings.Contains(raw, "given 2 times with different values") {
+		t.Errorf("two Idempotency-Keys: %d %s, want 400 naming them", code, raw)
 	}
 	// One key twice, in two cases: the same key.
-	req, err = http.NewRequest("POST", s.url+"/events-outbox/kafka", strings.NewReader(order))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Add("Idempotency-Key", "7f8a0000-0000-0000-0000-0000000000a9")
-	req.Header.Add("Idempotency-Key", "7F8A0000-0000-0000-0000-0000000000A9")
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("one Idempotency-Key twice, in two cases: %d %s, want 200", resp.StatusCode, raw)
+	if code, raw := s.postKeys("7f8a0000-0000-0000-0000-0000000000a9", "7F8A0000-0000-0000-0000-0000000000A9"); code != 200 {
+		t.Errorf("one Idempotency-Key twice, in two cases: %d %s, want 200", code, raw)
 	}
 	if n := sinktest.Count(t, s.pool, `SELECT count(*) FROM `+s.schema+`.outbox WHERE event_id <> '7f8a0000-0000-0000-0000-0000000000a9'`); n != 0 {
 		t.Errorf("bad requests left %d outbox rows", n)
