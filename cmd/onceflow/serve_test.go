@@ -281,15 +281,16 @@ func TestServeCreatesItsTopic(t *testing.T) {
 	}
 	brokers := seeds(t)
 	topic := "serve-created-" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
 	t.Cleanup(func() {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-		if err != nil {
-			return
-		}
-		defer cl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topic)
+		_, _ = adm.DeleteTopics(ctx, topic)
 	})
 	s := startSeedServerOn(t, brokers, func(c *config.Config, _ string) {
 		c.Kafka.Topics, c.Kafka.Group = []string{topic}, topic
@@ -306,12 +307,7 @@ func TestServeCreatesItsTopic(t *testing.T) {
 		t.Errorf("emails_sent %v, want one row", a["emails_sent"])
 	}
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := kadm.NewClient(cl).DeleteTopics(t.Context(), topic); err != nil {
+	if _, err := adm.DeleteTopics(t.Context(), topic); err != nil {
 		t.Fatal(err)
 	}
 	again := "7f8a0000-0000-0000-0000-0000000000b3"
